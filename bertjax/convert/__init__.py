@@ -1,0 +1,1 @@
+"""Checkpoint conversion to and from other BERT implementations."""

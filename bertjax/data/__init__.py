@@ -1,0 +1,1 @@
+"""Data layer: text -> tokens -> pre-masked TFRecords -> batches."""

@@ -1,0 +1,1 @@
+"""Model layer: pure Flax modules for the BERT encoder and pretraining heads."""

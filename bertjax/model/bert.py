@@ -1,0 +1,81 @@
+"""The BERT encoder and its pretraining heads (masked LM and next sentence).
+
+`BertModel` is what fine-tuning needs: sequence output and the tanh pooler.
+`BertForPreTraining` adds the heads. The masked-LM head runs only at
+`masked_lm_positions` (gathered first, as the original release does), so
+pretraining never forms the full sequence x vocab logits.
+"""
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from bertjax.model.config import BertConfig
+from bertjax.model.layers import Embeddings, Encoder, dense, layer_norm
+
+
+def attention_mask(input_mask_BxL):
+  """[B, L] 0/1 padding mask -> boolean key mask [B, 1, 1, L]."""
+  return (input_mask_BxL > 0)[:, None, None, :]
+
+
+class BertModel(nn.Module):
+  """Embeddings, encoder and pooler. Returns (sequence_output, pooled_output)."""
+  config: BertConfig
+
+  def setup(self):
+    c = self.config
+    self.embeddings = Embeddings(c)
+    self.encoder = Encoder(c)
+    self.pooler = dense(c, c.hidden_size, ("embed", "hidden"), "pooler")
+
+  def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True):
+    x_BxLxD = self.embeddings(input_ids, segment_ids, deterministic)
+    x_BxLxD = self.encoder(x_BxLxD, attention_mask(input_mask), deterministic)
+    pooled_BxD = jnp.tanh(self.pooler(x_BxLxD[:, 0]).astype(jnp.float32))
+    return x_BxLxD, pooled_BxD
+
+
+class MaskedLMHead(nn.Module):
+  """Dense + GELU + LayerNorm, then the tied decoder plus a per-token bias."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x_BxPxD, embeddings: Embeddings):
+    c = self.config
+    h = dense(c, c.hidden_size, ("embed", "hidden"), "transform")(x_BxPxD)
+    h = nn.gelu(h, approximate=False)
+    h = layer_norm(c, "transform_layer_norm")(h)
+    bias_V = self.param(
+        "output_bias",
+        nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",)),
+        (c.vocab_size,), c.params_dtype)
+    return embeddings.attend(h) + bias_V.astype(jnp.float32)
+
+
+class BertForPreTraining(nn.Module):
+  """BERT with the masked-LM and next-sentence heads.
+
+  Returns a dict: sequence_output [B, L, D], pooled_output [B, D],
+  mlm_logits [B, P, V] (fp32, at masked_lm_positions) and nsp_logits [B, 2]
+  (fp32; class 0 = actual next sentence, 1 = random).
+  """
+  config: BertConfig
+
+  def setup(self):
+    self.bert = BertModel(self.config)
+    self.mlm = MaskedLMHead(self.config)
+    self.nsp = dense(self.config, 2, ("hidden", "classes"), "nsp")
+
+  def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions,
+               deterministic: bool = True):
+    seq_BxLxD, pooled_BxD = self.bert(input_ids, input_mask, segment_ids, deterministic)
+    gathered_BxPxD = jnp.take_along_axis(
+        seq_BxLxD, masked_lm_positions[..., None].astype(jnp.int32), axis=1)
+    mlm_logits_BxPxV = self.mlm(gathered_BxPxD, self.bert.embeddings)
+    nsp_logits_Bx2 = self.nsp(pooled_BxD).astype(jnp.float32)
+    return {
+        "sequence_output": seq_BxLxD,
+        "pooled_output": pooled_BxD,
+        "mlm_logits": mlm_logits_BxPxV,
+        "nsp_logits": nsp_logits_Bx2,
+    }

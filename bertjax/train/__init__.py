@@ -1,0 +1,1 @@
+"""Training layer: optimizer, sharding, state, step, loop and checkpoints."""

@@ -1,0 +1,105 @@
+"""Checkpoints with orbax: async, atomic, keep-the-last-K, local or gs://.
+
+A checkpoint holds three items: `params`, `opt_state` (with the step) and
+`meta` (JSON: phase, the data position within the phase, the run's seed and
+base rng). Parameters are an item of their own so that `init_from` reads
+them without the optimizer state. Orbax writes each checkpoint under a
+temporary name and renames it when complete, so an interrupted save is never
+picked up.
+"""
+
+import os
+from typing import Any, Optional
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from absl import logging
+
+from bertjax.train.state import TrainState
+
+
+def _abstract(tree, shardings):
+  return jax.tree.map(
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+class Checkpointer:
+  """Saves and restores the full training state in `directory`."""
+
+  def __init__(self, directory: str, *, keep: int, async_save: bool):
+    self.directory = directory
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
+    self._manager = ocp.CheckpointManager(
+        directory, options=options, item_names=("params", "opt_state", "meta"))
+
+  def latest_step(self) -> Optional[int]:
+    return self._manager.latest_step()
+
+  def save(self, state: TrainState, meta: dict[str, Any], *, force: bool = True) -> bool:
+    """Starts saving `state` at its step; returns at once when async."""
+    step = int(jax.device_get(state.step))
+    meta = dict(meta, step=step)
+    return self._manager.save(step, args=ocp.args.Composite(
+        params=ocp.args.StandardSave(state.params),
+        opt_state=ocp.args.StandardSave({"opt_state": state.opt_state, "step": state.step}),
+        meta=ocp.args.JsonSave(meta)), force=force)
+
+  def restore(self, state: TrainState, shardings: TrainState,
+              step: Optional[int] = None) -> tuple[TrainState, dict[str, Any]]:
+    """The checkpoint at `step` (default latest), placed like `state`."""
+    step = self.latest_step() if step is None else step
+    restored = self._manager.restore(step, args=ocp.args.Composite(
+        params=ocp.args.StandardRestore(_abstract(state.params, shardings.params)),
+        opt_state=ocp.args.StandardRestore(_abstract(
+            {"opt_state": state.opt_state, "step": state.step},
+            {"opt_state": shardings.opt_state, "step": shardings.step})),
+        meta=ocp.args.JsonRestore()))
+    new_state = state.replace(params=restored["params"],
+                              opt_state=restored["opt_state"]["opt_state"],
+                              step=restored["opt_state"]["step"])
+    return new_state, dict(restored["meta"])
+
+  def reached_preemption(self, step: int) -> bool:
+    """True on every host once the platform has announced a preemption."""
+    return self._manager.reached_preemption(step)
+
+  def wait(self):
+    self._manager.wait_until_finished()
+
+  def close(self):
+    self._manager.wait_until_finished()
+    self._manager.close()
+
+
+def is_bertjax_checkpoint(path: str) -> bool:
+  """A checkpoint directory (with step subdirectories) or one step of it."""
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  p = epath.Path(path)
+  return (p / "params").exists() or any(
+      (child / "params").exists() for child in p.iterdir() if child.is_dir()) if p.exists() else False
+
+
+def load_params(path: str, abstract_params) -> Any:
+  """Only the parameters of a bertjax checkpoint: a checkpoints dir (latest step) or a step dir."""
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  p = epath.Path(path)
+  if not (p / "params").exists():
+    steps = sorted(int(c.name) for c in p.iterdir() if c.is_dir() and c.name.isdigit()
+                   and (c / "params").exists())
+    if not steps:
+      raise ValueError(f"init_from: {path} holds no bertjax checkpoint "
+                       "(no params/ item in it or in a step subdirectory)")
+    p = p / str(steps[-1])
+  logging.info("Reading parameters from %s", p)
+  with ocp.StandardCheckpointer() as ckptr:
+    return ckptr.restore(os.fspath(p / "params"), abstract_params)
+
+
+def rng_to_json(rng) -> list[int]:
+  return [int(x) for x in np.asarray(jax.random.key_data(rng)).ravel()]
+
+
+def rng_from_json(data: list[int]):
+  return jax.random.wrap_key_data(np.asarray(data, np.uint32))

@@ -1,0 +1,60 @@
+"""Analytic training FLOPs of BERT and model FLOPs utilisation (MFU).
+
+Counted for one training step (forward + backward = 3 x forward), matmuls
+only, multiply-add = 2 FLOPs, activation recomputation not counted (MFU,
+not hardware utilisation):
+
+  per token, per layer  2 x (4 D^2 + 2 D F)     Q, K, V, output; feed-forward
+  attention, per token  2 x 2 x L x D           Q K^T and probabilities x V
+  per sequence          2 x D^2 + 2 x 2 D       pooler and NSP classifier
+  per masked position   2 x (D^2 + D V)         MLM transform and tied decoder
+
+The decoder runs only at the P masked positions, never at all L tokens.
+"""
+
+from bertjax.model.config import BertConfig
+
+# Peak dense bf16 matmul TFLOP/s per chip, matched by substring of
+# jax.Device.device_kind (most specific first).
+PEAK_TFLOPS = (
+    ("TPU v6 lite", 918.0),  # v6e (Trillium)
+    ("TPU v6e", 918.0),
+    ("TPU v5p", 459.0),
+    ("TPU v5 lite", 197.0),  # v5e
+    ("TPU v5e", 197.0),
+    ("TPU v5", 459.0),  # v5p reports itself as "TPU v5"
+    ("TPU v4", 275.0),
+    ("H200", 989.0),
+    ("H100", 989.0),
+    ("A100", 312.0),
+)
+
+
+def peak_tflops(device_kind: str) -> float | None:
+  """Peak bf16 TFLOP/s of one chip, or None when unknown (e.g. CPU)."""
+  for name, tflops in PEAK_TFLOPS:
+    if name.lower() in device_kind.lower():
+      return tflops
+  return None
+
+
+def forward_flops_per_sequence(c: BertConfig, seq_len: int, num_predictions: int) -> float:
+  d, f, v = c.hidden_size, c.intermediate_size, c.vocab_size
+  per_token_layer = 2 * (4 * d * d + 2 * d * f) + 2 * 2 * seq_len * d
+  encoder = c.num_layers * seq_len * per_token_layer
+  heads = 2 * d * d + 2 * 2 * d + num_predictions * 2 * (d * d + d * v)
+  return float(encoder + heads)
+
+
+def train_flops_per_sequence(c: BertConfig, seq_len: int, num_predictions: int) -> float:
+  """FLOPs of forward and backward for one sequence."""
+  return 3.0 * forward_flops_per_sequence(c, seq_len, num_predictions)
+
+
+def mfu(c: BertConfig, seq_len: int, num_predictions: int, sequences_per_second: float,
+        num_chips: int, peak_tflops_per_chip: float | None) -> float | None:
+  """Achieved model FLOP/s over the peak of all chips; None when the peak is unknown."""
+  if not peak_tflops_per_chip:
+    return None
+  achieved = train_flops_per_sequence(c, seq_len, num_predictions) * sequences_per_second
+  return achieved / (num_chips * peak_tflops_per_chip * 1e12)

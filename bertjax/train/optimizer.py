@@ -1,0 +1,95 @@
+"""The optimizer: AdamW or LAMB, the learning-rate schedule over all phases, clipping.
+
+Weight decay is decoupled and never applied to LayerNorm parameters or
+biases, as in the original release's AdamWeightDecayOptimizer. With
+bias_correction=False the Adam moments are used as they are, which is
+what that optimizer does.
+"""
+
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import optax
+
+
+def phase_boundaries(total_steps: int, fractions: Sequence[float]) -> list[int]:
+  """Start step of each phase plus total_steps at the end: [0, s1, ..., total]."""
+  bounds, acc = [0], 0.0
+  for f in fractions[:-1]:
+    acc += f
+    bounds.append(int(round(acc * total_steps)))
+  bounds.append(total_steps)
+  return bounds
+
+
+def learning_rate_schedule(opt_config, total_steps: int, bounds: Sequence[int],
+                           phase_warmups: Sequence[int]) -> optax.Schedule:
+  """Linear warmup then linear decay to end_learning_rate, over the whole run.
+
+  With per_phase_warmup each phase restarts from 0 with its own warmup and
+  decays linearly to end_learning_rate at the phase's end.
+  """
+  peak, end = opt_config.learning_rate, opt_config.end_learning_rate
+
+  def warmup_decay(warmup, length):
+    warmup = min(warmup, length)
+    parts = [optax.linear_schedule(0.0, peak, warmup)] if warmup else []
+    parts.append(optax.linear_schedule(peak, end, max(length - warmup, 1)))
+    return optax.join_schedules(parts, [warmup]) if warmup else parts[0]
+
+  if not opt_config.per_phase_warmup:
+    return warmup_decay(opt_config.warmup_steps, total_steps)
+  schedules = [warmup_decay(w, b1 - b0)
+               for w, b0, b1 in zip(phase_warmups, bounds[:-1], bounds[1:])]
+  return optax.join_schedules(schedules, list(bounds[1:-1]))
+
+
+def decay_mask(params) -> Any:
+  """True for the parameters that get weight decay: all but biases and LayerNorm."""
+  def is_decayed(path, _):
+    # Skip the `.value` of logical-partitioning boxes, so that boxed and
+    # plain parameter trees give the same mask.
+    names = [getattr(k, "key", getattr(k, "name", str(k))) for k in path]
+    names = [n for n in names if n != "value"]
+    leaf, parent = names[-1], (names[-2] if len(names) > 1 else "")
+    return not (leaf in ("bias", "output_bias") or "layer_norm" in parent)
+  return jax.tree_util.tree_map_with_path(is_decayed, params)
+
+
+def scale_by_adam_no_bias_correction(b1: float, b2: float, eps: float):
+  """Adam's update without bias correction (the original release's optimizer)."""
+  def init_fn(params):
+    zeros = lambda p: jnp.zeros_like(p, dtype=jnp.float32)
+    return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32),
+                                  mu=jax.tree.map(zeros, params),
+                                  nu=jax.tree.map(zeros, params))
+
+  def update_fn(updates, state, params=None):
+    del params
+    mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, updates)
+    nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * jnp.square(g), state.nu, updates)
+    updates = jax.tree.map(lambda m, v: m / (jnp.sqrt(v) + eps), mu, nu)
+    return updates, optax.ScaleByAdamState(count=state.count + 1, mu=mu, nu=nu)
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def make_optimizer(opt_config, schedule: optax.Schedule) -> optax.GradientTransformation:
+  """The optimizer chain named by opt_config.name."""
+  name = opt_config.name
+  clip = ([optax.clip_by_global_norm(opt_config.clip_norm)]
+          if opt_config.clip_norm > 0 else [])
+  if name == "adamw":
+    if opt_config.bias_correction:
+      adam = optax.scale_by_adam(b1=opt_config.b1, b2=opt_config.b2, eps=opt_config.eps)
+    else:
+      adam = scale_by_adam_no_bias_correction(opt_config.b1, opt_config.b2, opt_config.eps)
+    core = [adam, optax.add_decayed_weights(opt_config.weight_decay, mask=decay_mask)]
+  elif name == "lamb":
+    core = [optax.scale_by_adam(b1=opt_config.b1, b2=opt_config.b2, eps=opt_config.eps),
+            optax.add_decayed_weights(opt_config.weight_decay, mask=decay_mask),
+            optax.scale_by_trust_ratio()]
+  else:
+    raise ValueError(f"optimizer.name: {name!r} is not one of 'adamw', 'lamb'")
+  return optax.chain(*clip, *core, optax.scale_by_learning_rate(schedule))

@@ -1,0 +1,159 @@
+"""Checks a run config before anything compiles, and derives the phase plan.
+
+Every error names the config field (as `--config.` flags spell it) and what
+would fix it.
+"""
+
+import dataclasses
+import math
+from typing import Optional
+
+import ml_collections
+
+from bertjax.model.config import BertConfig
+from bertjax.train import sharding as sharding_lib
+from bertjax.train.optimizer import phase_boundaries
+
+_GROUPS = {
+    "": {"seed", "total_steps", "init_from", "model", "data", "phases", "optimizer",
+         "mesh", "checkpoint", "logging"},
+    "model": {f.name for f in dataclasses.fields(BertConfig)},
+    "data": {"source", "demo_dir", "vocab_hash", "skip_corrupt", "dynamic_masking",
+             "masked_lm_prob", "prefetch"},
+    "optimizer": {"name", "learning_rate", "b1", "b2", "eps", "weight_decay",
+                  "bias_correction", "clip_norm", "warmup_steps", "end_learning_rate",
+                  "per_phase_warmup", "grad_accum_steps"},
+    "mesh": {"data", "fsdp", "tensor", "rules"},
+    "checkpoint": {"every_steps", "keep", "async_save"},
+    "logging": {"every_steps", "eval_every_steps", "eval_batches", "peak_tflops"},
+}
+_PHASE_FIELDS = {"fraction", "max_seq_length", "max_predictions_per_seq",
+                 "global_batch_size", "train_files", "eval_files", "warmup_steps"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+  """One phase of the run with its step range [start, end)."""
+  name: str
+  index: int
+  start: int
+  end: int
+  max_seq_length: int
+  max_predictions_per_seq: int
+  global_batch_size: int
+  train_files: str
+  eval_files: str
+  warmup_steps: int
+
+  @property
+  def num_steps(self) -> int:
+    return self.end - self.start
+
+
+class ConfigError(ValueError):
+  pass
+
+
+def _fail(field: str, why: str):
+  raise ConfigError(f"--config.{field}: {why}")
+
+
+def _check_keys(config: ml_collections.ConfigDict):
+  for group, known in _GROUPS.items():
+    node = config if not group else config.get(group)
+    if node is None:
+      _fail(group, "missing group")
+    for key in node.keys():
+      if key not in known:
+        _fail(f"{group}.{key}" if group else key,
+              f"unknown field; known fields of {group or 'the config'}: {sorted(known)}")
+  for name, phase in config.phases.items():
+    for key in phase.keys():
+      if key not in _PHASE_FIELDS:
+        _fail(f"phases.{name}.{key}", f"unknown field; known: {sorted(_PHASE_FIELDS)}")
+
+
+def phases(config: ml_collections.ConfigDict) -> list[Phase]:
+  """The phases in run order with their step ranges."""
+  names = list(config.phases.keys())
+  if not names:
+    _fail("phases", "needs at least one phase")
+  fractions = [float(config.phases[n].fraction) for n in names]
+  for n, f in zip(names, fractions):
+    if not 0.0 < f <= 1.0:
+      _fail(f"phases.{n}.fraction", f"must be in (0, 1], got {f}")
+  if not math.isclose(sum(fractions), 1.0, abs_tol=1e-6):
+    _fail("phases", f"fractions {dict(zip(names, fractions))} add up to "
+          f"{sum(fractions):.6g}, not 1")
+  bounds = phase_boundaries(config.total_steps, fractions)
+  out = []
+  for i, n in enumerate(names):
+    p = config.phases[n]
+    if bounds[i + 1] <= bounds[i]:
+      _fail(f"phases.{n}.fraction", f"gives no steps of total_steps={config.total_steps}")
+    out.append(Phase(n, i, bounds[i], bounds[i + 1], int(p.max_seq_length),
+                     int(p.max_predictions_per_seq), int(p.global_batch_size),
+                     p.train_files, p.eval_files, int(p.warmup_steps)))
+  return out
+
+
+def phase_at(plan: list[Phase], step: int) -> Phase:
+  for p in plan:
+    if p.start <= step < p.end:
+      return p
+  return plan[-1]
+
+
+def validate(config: ml_collections.ConfigDict, *, num_devices: Optional[int] = None,
+             process_count: int = 1, vocab_size: Optional[int] = None) -> BertConfig:
+  """Raises ConfigError naming the field; returns the model config."""
+  _check_keys(config)
+  if config.total_steps <= 0:
+    _fail("total_steps", f"must be positive, got {config.total_steps}")
+  try:
+    model = BertConfig.from_mapping(config.model, **(
+        {"vocab_size": vocab_size} if vocab_size else {}))
+  except ValueError as e:
+    raise ConfigError(f"--config.{e}") from None
+  if config.data.source not in ("tfrecord", "synthetic"):
+    _fail("data.source", f"{config.data.source!r} is not one of 'tfrecord', 'synthetic'")
+  if config.optimizer.name not in ("adamw", "lamb"):
+    _fail("optimizer.name", f"{config.optimizer.name!r} is not one of 'adamw', 'lamb'")
+  if config.optimizer.grad_accum_steps < 1:
+    _fail("optimizer.grad_accum_steps", "must be at least 1")
+  if config.checkpoint.keep < 1:
+    _fail("checkpoint.keep", "must be at least 1")
+  if config.checkpoint.every_steps < 1:
+    _fail("checkpoint.every_steps", "must be at least 1")
+  if config.logging.every_steps < 1:
+    _fail("logging.every_steps", "must be at least 1")
+  dp = None
+  if num_devices is not None:
+    try:
+      shape = sharding_lib.mesh_shape(config.mesh, num_devices)
+    except ValueError as e:
+      raise ConfigError(f"--{e}") from None
+    dp = shape[0] * shape[1]
+  needs_files = config.data.source == "tfrecord" and not config.data.demo_dir
+  for p in phases(config):
+    f = f"phases.{p.name}"
+    if p.max_seq_length > model.max_position_embeddings:
+      _fail(f"{f}.max_seq_length", f"{p.max_seq_length} exceeds "
+            f"model.max_position_embeddings={model.max_position_embeddings}")
+    if not 0 < p.max_predictions_per_seq <= p.max_seq_length:
+      _fail(f"{f}.max_predictions_per_seq", f"must be in [1, max_seq_length], got "
+            f"{p.max_predictions_per_seq}")
+    b, k = p.global_batch_size, config.optimizer.grad_accum_steps
+    if b <= 0:
+      _fail(f"{f}.global_batch_size", f"must be positive, got {b}")
+    if b % k:
+      _fail(f"{f}.global_batch_size", f"{b} is not divisible by optimizer.grad_accum_steps={k}")
+    if dp is not None and (b // k) % dp:
+      _fail(f"{f}.global_batch_size", f"{b} (/{k} micro-batches) is not divisible by the "
+            f"{dp} data-parallel devices (mesh.data x mesh.fsdp)")
+    if b % process_count:
+      _fail(f"{f}.global_batch_size", f"{b} is not divisible by the {process_count} hosts")
+    if needs_files and not p.train_files:
+      _fail(f"{f}.train_files", "is empty: give a glob of TFRecords, or set "
+            "data.source=synthetic or data.demo_dir")
+  return model

@@ -1,0 +1,137 @@
+"""The pure training and evaluation steps.
+
+`train_step(state, batch, rng) -> (state, metrics)` and
+`eval_step(state, batch) -> metrics` are module-level functions; the loop
+jits them with explicit shardings and donates the state. The loss is the
+masked-LM cross entropy averaged over `masked_lm_weights` plus the
+next-sentence cross entropy averaged over real examples. With gradient
+accumulation the global batch is split into micro-batches whose gradients
+add up to exactly the gradient of the whole batch: every micro-batch loss is
+divided by the whole batch's weight totals.
+"""
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from bertjax.data.schema import EXAMPLE_WEIGHT_KEY
+from bertjax.train.sharding import BATCH_AXES
+from bertjax.train.state import TrainState
+
+Batch = dict[str, jax.Array]
+
+
+def loss_sums(params, apply_fn, batch: Batch, rng, deterministic: bool):
+  """Weighted sums (not means) of losses and hits, so micro-batches add up."""
+  out = apply_fn(
+      {"params": params}, batch["input_ids"], batch["input_mask"], batch["segment_ids"],
+      batch["masked_lm_positions"], deterministic=deterministic,
+      rngs=None if deterministic else {"dropout": rng})
+  mlm_logits_BxPxV, nsp_logits_Bx2 = out["mlm_logits"], out["nsp_logits"]
+  mlm_w_BxP = batch["masked_lm_weights"].astype(jnp.float32)
+  nsp_w_B = batch[EXAMPLE_WEIGHT_KEY].astype(jnp.float32)
+  mlm_nll_BxP = optax.softmax_cross_entropy_with_integer_labels(
+      mlm_logits_BxPxV, batch["masked_lm_ids"])
+  nsp_nll_B = optax.softmax_cross_entropy_with_integer_labels(
+      nsp_logits_Bx2, batch["next_sentence_labels"])
+  mlm_hit = (jnp.argmax(mlm_logits_BxPxV, -1) == batch["masked_lm_ids"])
+  nsp_hit = (jnp.argmax(nsp_logits_Bx2, -1) == batch["next_sentence_labels"])
+  return {
+      "mlm_loss": jnp.sum(mlm_nll_BxP * mlm_w_BxP),
+      "nsp_loss": jnp.sum(nsp_nll_B * nsp_w_B),
+      "mlm_hits": jnp.sum(mlm_hit * mlm_w_BxP),
+      "nsp_hits": jnp.sum(nsp_hit * nsp_w_B),
+      "mlm_weight": jnp.sum(mlm_w_BxP),
+      "nsp_weight": jnp.sum(nsp_w_B),
+  }
+
+
+def _split_micro(batch: Batch, num_micro: int) -> Batch:
+  """[B, ...] -> [num_micro, B / num_micro, ...], each micro-batch spread over all shards.
+
+  Row i goes to micro-batch i % num_micro, so every device's contiguous block
+  of rows splits evenly across micro-batches and no data moves.
+  """
+  def split(x):
+    b = x.shape[0]
+    y = x.reshape((b // num_micro, num_micro) + x.shape[1:]).swapaxes(0, 1)
+    spec = jax.sharding.PartitionSpec(None, BATCH_AXES)
+    return jax.lax.with_sharding_constraint(y, spec) if _has_mesh() else y
+  return jax.tree.map(split, batch)
+
+
+def _has_mesh() -> bool:
+  return not jax.sharding.get_abstract_mesh().empty
+
+
+def train_step(state: TrainState, batch: Batch, rng, *, grad_accum_steps: int = 1
+               ) -> tuple[TrainState, dict[str, Any]]:
+  """One optimizer step on a global batch. `rng` is the run's base key."""
+  step_rng = jax.random.fold_in(rng, state.step)
+  mlm_total = jnp.maximum(jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)), 1.0)
+  nsp_total = jnp.maximum(jnp.sum(batch[EXAMPLE_WEIGHT_KEY].astype(jnp.float32)), 1.0)
+
+  def loss_fn(params, micro, micro_rng):
+    sums = loss_sums(params, state.apply_fn, micro, micro_rng, deterministic=False)
+    return sums["mlm_loss"] / mlm_total + sums["nsp_loss"] / nsp_total, sums
+
+  grad_fn = jax.grad(loss_fn, has_aux=True)
+  if grad_accum_steps == 1:
+    grads, sums = grad_fn(state.params, batch, step_rng)
+  else:
+    micro_batches = _split_micro(batch, grad_accum_steps)
+
+    def body(carry, xs):
+      acc_grads, acc_sums = carry
+      micro, i = xs
+      g, s = grad_fn(state.params, micro, jax.random.fold_in(step_rng, i))
+      return (jax.tree.map(jnp.add, acc_grads, g), jax.tree.map(jnp.add, acc_sums, s)), None
+
+    zeros_g = jax.tree.map(jnp.zeros_like, state.params)
+    zeros_s = jax.tree.map(lambda _: jnp.zeros([], jnp.float32),
+                           jax.eval_shape(lambda: loss_sums(
+                               state.params, state.apply_fn,
+                               jax.tree.map(lambda x: x[0], micro_batches), step_rng, True)))
+    (grads, sums), _ = jax.lax.scan(
+        body, (zeros_g, zeros_s), (micro_batches, jnp.arange(grad_accum_steps)))
+
+  updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  metrics = _summarise(sums)
+  metrics["grad_norm"] = optax.global_norm(grads)
+  # A non-finite loss or gradient leaves parameters and optimizer state as
+  # they were; the loop sees `finite` and stops with the step's number, so a
+  # non-finite state never exists to be checkpointed.
+  finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+  keep = lambda new, old: jnp.where(finite, new, old)
+  params = jax.tree.map(keep, params, state.params)
+  opt_state = jax.tree.map(keep, opt_state, state.opt_state)
+  metrics["finite"] = finite
+  metrics["param_norm"] = optax.global_norm(params)
+  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+  return new_state, metrics
+
+
+def eval_step(state: TrainState, batch: Batch) -> dict[str, jax.Array]:
+  """Weighted sums over one eval batch; the loop adds them up and divides."""
+  return loss_sums(state.params, state.apply_fn, batch, None, deterministic=True)
+
+
+def _summarise(sums: dict[str, jax.Array]) -> dict[str, jax.Array]:
+  mlm_w = jnp.maximum(sums["mlm_weight"], 1.0)
+  nsp_w = jnp.maximum(sums["nsp_weight"], 1.0)
+  mlm_loss, nsp_loss = sums["mlm_loss"] / mlm_w, sums["nsp_loss"] / nsp_w
+  return {
+      "loss": mlm_loss + nsp_loss,
+      "mlm_loss": mlm_loss,
+      "nsp_loss": nsp_loss,
+      "mlm_accuracy": sums["mlm_hits"] / mlm_w,
+      "nsp_accuracy": sums["nsp_hits"] / nsp_w,
+  }
+
+
+def summarise_eval(sums: dict[str, float]) -> dict[str, float]:
+  """Totals of eval_step over a dataset -> losses and accuracies."""
+  return {k: float(v) for k, v in _summarise(sums).items()}

@@ -1,0 +1,125 @@
+"""BERT-BASE pretraining as in Devlin et al. (2018) and the original release.
+
+L=12, H=768, A=12 (110M parameters with the 30,522-token uncased vocab);
+1M steps of 256 sequences, 90% at length 128 then 10% at 512; Adam with
+lr 1e-4, 10k warmup steps and linear decay; trained on 16 TPU chips.
+
+  python -m bertjax.main --config=configs/base.py --workdir=gs://BUCKET/base \
+      --config.phases.seq128.train_files='gs://BUCKET/data/train_128/*.tfrecord' \
+      --config.phases.seq512.train_files='gs://BUCKET/data/train_512/*.tfrecord'
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+
+  config.seed = 0  # Seeds parameter init, dropout and the data order.
+  config.total_steps = 1_000_000  # Optimizer steps over all phases together.
+  config.init_from = ""  # Weights to start from when the workdir has no checkpoint: a bertjax checkpoint dir or a Hugging Face model dir.
+
+  # The architecture (bertjax.model.config.BertConfig).
+  config.model = ml_collections.ConfigDict()
+  config.model.vocab_size = 30522  # Must equal the data's vocab size (checked against metadata.json).
+  config.model.hidden_size = 768  # H.
+  config.model.num_layers = 12  # L.
+  config.model.num_heads = 12  # A; hidden_size must be divisible by it.
+  config.model.intermediate_size = 3072  # Feed-forward width, 4H.
+  config.model.hidden_dropout_rate = 0.1  # Dropout on embeddings and sublayer outputs.
+  config.model.attention_dropout_rate = 0.1  # Dropout on attention probabilities (0 enables cuDNN flash attention in training).
+  config.model.max_position_embeddings = 512  # Learned positions, sized for the last phase from the start.
+  config.model.type_vocab_size = 2  # Segments A and B.
+  config.model.initializer_range = 0.02  # Stddev of the truncated-normal init.
+  config.model.layer_norm_eps = 1e-12  # As in the original release.
+  config.model.dtype = "bfloat16"  # Compute dtype of matmuls; softmax, LayerNorm and losses stay fp32.
+  config.model.param_dtype = "float32"  # Parameters and optimizer state.
+  config.model.scan_layers = True  # Stack layers with nn.scan: one compiled layer.
+  config.model.remat_policy = "none"  # none | full | dots | dots_no_batch: activation recomputation.
+  config.model.attention_impl = "auto"  # auto | xla | cudnn.
+
+  # Where batches come from.
+  config.data = ml_collections.ConfigDict()
+  config.data.source = "tfrecord"  # tfrecord | synthetic (random tokens, for benchmarks).
+  config.data.demo_dir = ""  # If set, build the pydoc demo corpus and TFRecords there when absent and train on them.
+  config.data.vocab_hash = ""  # If set, must equal the vocab hash in each phase's metadata.json.
+  config.data.skip_corrupt = False  # Skip and count corrupt records instead of stopping with the file's name.
+  config.data.dynamic_masking = False  # Re-mask on the fly each epoch (RoBERTa style) instead of the stored masks.
+  config.data.masked_lm_prob = 0.15  # Masking rate used by dynamic masking.
+  config.data.prefetch = 2  # Batches kept in flight on the devices.
+
+  # The sequence-length schedule: phases run in this order; fractions of
+  # total_steps add up to 1; one learning-rate schedule spans them.
+  config.phases = ml_collections.ConfigDict()
+  config.phases.seq128 = _phase(
+      fraction=0.9, max_seq_length=128, max_predictions_per_seq=20, global_batch_size=256)
+  config.phases.seq512 = _phase(
+      fraction=0.1, max_seq_length=512, max_predictions_per_seq=80, global_batch_size=256)
+
+  # AdamW as in the paper and the original release.
+  config.optimizer = ml_collections.ConfigDict()
+  config.optimizer.name = "adamw"  # adamw | lamb (large batches).
+  config.optimizer.learning_rate = 1e-4  # Peak learning rate.
+  config.optimizer.b1 = 0.9  # Adam beta1.
+  config.optimizer.b2 = 0.999  # Adam beta2.
+  config.optimizer.eps = 1e-6  # Adam epsilon, as in the original release.
+  config.optimizer.weight_decay = 0.01  # Decoupled decay; never on LayerNorm parameters or biases.
+  config.optimizer.bias_correction = True  # False reproduces the original release's Adam (no bias correction).
+  config.optimizer.clip_norm = 1.0  # Global gradient-norm clipping; 0 disables.
+  config.optimizer.warmup_steps = 10_000  # Linear warmup from 0 to the peak.
+  config.optimizer.end_learning_rate = 0.0  # Linear decay ends here at total_steps.
+  config.optimizer.per_phase_warmup = False  # Restart warmup (phase.warmup_steps) at each phase, decaying to the phase's end.
+  config.optimizer.grad_accum_steps = 1  # Micro-batches per step; the global batch is split into this many.
+
+  # The device mesh; -1 takes the remaining devices.
+  config.mesh = ml_collections.ConfigDict()
+  config.mesh.data = -1  # Pure data parallelism (replicated parameters).
+  config.mesh.fsdp = 1  # Parameters and optimizer state sharded, batch split too.
+  config.mesh.tensor = 1  # Heads and feed-forward split (Megatron style).
+  # Logical axis -> mesh axes: the one sharding table for parameters and activations.
+  config.mesh.rules = (
+      ("activation_batch", ("data", "fsdp")),
+      ("activation_length", None),
+      ("activation_embed", None),
+      ("activation_heads", "tensor"),
+      ("activation_kv", None),
+      ("activation_mlp", "tensor"),
+      ("vocab", "tensor"),
+      ("embed", "fsdp"),
+      ("heads", "tensor"),
+      ("kv", None),
+      ("mlp", "tensor"),
+      ("hidden", "tensor"),
+      ("layers", None),
+      ("norm", None),
+      ("position", None),
+      ("segment", None),
+      ("classes", None),
+  )
+
+  # Checkpoints (orbax) in workdir/checkpoints.
+  config.checkpoint = ml_collections.ConfigDict()
+  config.checkpoint.every_steps = 10_000  # Save every this many steps, and always at the end.
+  config.checkpoint.keep = 3  # Keep the latest this many.
+  config.checkpoint.async_save = True  # Write in the background while training goes on.
+
+  # Logging and evaluation.
+  config.logging = ml_collections.ConfigDict()
+  config.logging.every_steps = 100  # Console line and TensorBoard scalars every this many steps.
+  config.logging.eval_every_steps = 50_000  # Held-out evaluation; 0 evaluates only at phase ends.
+  config.logging.eval_batches = 100  # At most this many eval batches; 0 reads the whole eval set.
+  config.logging.peak_tflops = 0.0  # Peak bf16 TFLOP/s per chip for MFU; 0 looks it up by device kind.
+  return config
+
+
+def _phase(*, fraction, max_seq_length, max_predictions_per_seq, global_batch_size):
+  """One phase of the sequence-length schedule."""
+  p = ml_collections.ConfigDict()
+  p.fraction = fraction  # Share of total_steps spent in this phase.
+  p.max_seq_length = max_seq_length  # Sequence length of this phase's records.
+  p.max_predictions_per_seq = max_predictions_per_seq  # Masked positions per sequence.
+  p.global_batch_size = global_batch_size  # Sequences per optimizer step over all hosts.
+  p.train_files = ""  # Glob of training TFRecords (local or gs://).
+  p.eval_files = ""  # Glob of held-out TFRecords; empty skips evaluation.
+  p.warmup_steps = 0  # Warmup at the phase's start when optimizer.per_phase_warmup.
+  return p

@@ -1,0 +1,41 @@
+"""The CPU demo: a small BERT pretrained on the pydoc corpus in minutes.
+
+  python -m bertjax.main --config=configs/tiny.py --workdir=/tmp/bertjax_demo
+
+builds the demo corpus (the Python reference documentation that ships with
+every Python), a WordPiece vocab and both phases' TFRecords under
+workdir/demo_data when absent, then trains through both phases (128, then
+512), evaluates on held-out documents and checkpoints.
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(__file__))
+import base  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def get_config():
+  config = base.get_config()
+  config.total_steps = 1200  # A few minutes on 2 CPU cores.
+
+  config.model.vocab_size = 0  # 0 takes the vocab size from the demo data's metadata.json.
+  config.model.hidden_size = 128  # H.
+  config.model.num_layers = 2  # L.
+  config.model.num_heads = 2  # A.
+  config.model.intermediate_size = 512  # 4H.
+  config.model.dtype = "float32"  # CPUs have no fast bf16 matmul.
+
+  config.data.demo_dir = "demo_data"  # Relative to the workdir; built there when absent.
+
+  config.phases.seq128.global_batch_size = 32  # Sequences per step at length 128.
+  config.phases.seq512.global_batch_size = 8  # Sequences per step at length 512.
+
+  config.optimizer.learning_rate = 1e-3  # A small model takes a larger step.
+  config.optimizer.warmup_steps = 100  # Linear warmup.
+
+  config.checkpoint.every_steps = 400  # Save every this many steps.
+  config.logging.every_steps = 50  # Console line every this many steps.
+  config.logging.eval_every_steps = 0  # Evaluate at the end of each phase only.
+  config.logging.eval_batches = 0  # The whole held-out split.
+  return config

@@ -1,0 +1,50 @@
+"""Installs bertjax. Extras: tpu, gpu, beam, test."""
+
+import setuptools
+
+setuptools.setup(
+    name="bertjax",
+    version="0.1.0",
+    description="BERT pretraining in JAX/Flax, TPU first.",
+    packages=setuptools.find_packages(include=["bertjax", "bertjax.*"]),
+    python_requires=">=3.11",
+    install_requires=[
+        "jax>=0.7",
+        "flax>=0.11",
+        "optax>=0.2.5",
+        "orbax-checkpoint>=0.11",
+        "ml_collections>=1.0",
+        "absl-py>=2.0",
+        "numpy>=1.26",
+        # tf.data only: bertjax hides every accelerator from TensorFlow.
+        "tensorflow-cpu>=2.16",
+        "tensorflow-datasets>=4.9",
+        "sentencepiece>=0.2",
+        # Hugging Face's compiled WordPiece tokenizer and trainer.
+        "tokenizers>=0.15",
+        # Sentence splitting of raw documents.
+        "blingfire>=0.1.8",
+        # TensorBoard event files without a TensorFlow dependency in the loop.
+        "tensorboardX>=2.6",
+        "tqdm>=4.60",
+        # TFRecord CRC checks when the input pipeline reads records by offset.
+        "google-crc32c>=1.5",
+    ],
+    extras_require={
+        "tpu": ["jax[tpu]"],
+        "gpu": ["jax[cuda12]"],
+        "beam": ["apache-beam>=2.50"],
+        "test": [
+            "pytest>=8",
+            "pytest-xdist>=3",
+            # Reference implementation for parity tests (Flax BERT, no PyTorch).
+            "transformers>=4.40,<5",
+        ],
+    },
+    entry_points={
+        "console_scripts": [
+            "bertjax-train=bertjax.main:run",
+            "bertjax-create-data=bertjax.create_data:run",
+        ],
+    },
+)
