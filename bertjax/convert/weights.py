@@ -14,7 +14,8 @@ def load_weights(path: str, abstract_params, model_config: BertConfig):
     return ckpt_lib.load_params(path, abstract_params)
   if os.path.exists(os.path.join(path, "config.json")):
     from bertjax.convert import hf  # pylint: disable=g-import-not-at-top
-    params, hf_model_config = hf.load_hf_checkpoint(path)
+    from bertjax.convert import hf_files  # pylint: disable=g-import-not-at-top
+    params, hf_model_config = hf_files.load_hf_checkpoint(path)
     params = params.get("params", params)
     for field in ("hidden_size", "num_layers", "num_heads", "intermediate_size",
                   "vocab_size", "max_position_embeddings", "type_vocab_size"):

@@ -1,0 +1,1 @@
+"""Benchmarks runnable with `python -m bertjax.benchmarks.<name>`."""

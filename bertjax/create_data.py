@@ -1,0 +1,132 @@
+"""Creates pre-masked BERT pretraining TFRecords from text.
+
+  python -m bertjax.create_data --input_file='corpus/*.txt' \\
+      --vocab_file=vocab.txt --output_dir=data/train_128 \\
+      --max_seq_length=128 --max_predictions_per_seq=20 --dupe_factor=10
+
+The flags keep the names of the original BERT release's
+create_pretraining_data.py; the output is a directory of shards
+`part-XXXXX-of-YYYYY.tfrecord` (+ `.index`) and `metadata.json`. Runs on all
+cores, streams, and resumes where it stopped when rerun with the same flags.
+`--runner=beam:DataflowRunner` (or any Beam runner) runs the same creation as
+an Apache Beam pipeline; further Beam options follow the flags.
+"""
+
+import sys
+
+from absl import app
+from absl import flags
+
+_INPUT_FILE = flags.DEFINE_string(
+    "input_file", None, "Input text files: comma-separated globs, local or "
+    "gs://, .gz decompressed (for --input_format=directory: directories).")
+_INPUT_FORMAT = flags.DEFINE_enum(
+    "input_format", "sentences", ["sentences", "documents", "directory", "tfds"],
+    "sentences: one sentence per line, blank lines between documents (the "
+    "original format); documents: raw text, blank lines between documents; "
+    "directory: one document per file; tfds: a TensorFlow Datasets split.")
+_TFDS_NAME = flags.DEFINE_string("tfds_name", None,
+                                 "TFDS dataset for --input_format=tfds.")
+_TFDS_SPLIT = flags.DEFINE_string("tfds_split", "train", "TFDS split.")
+_TFDS_FEATURE = flags.DEFINE_string("tfds_feature", "text",
+                                    "TFDS feature holding a document's text.")
+_OUTPUT_DIR = flags.DEFINE_string("output_dir", None,
+                                  "Directory for the shards and metadata.json.")
+_VOCAB_FILE = flags.DEFINE_string(
+    "vocab_file", None, "WordPiece vocab.txt, or SentencePiece .model with "
+    "--tokenizer=sentencepiece.")
+_TOKENIZER = flags.DEFINE_enum("tokenizer", "wordpiece",
+                               ["wordpiece", "sentencepiece"], "Tokenizer kind.")
+_DO_LOWER_CASE = flags.DEFINE_bool("do_lower_case", True,
+                                   "Lower-case the input (uncased models).")
+_MAX_SEQ_LENGTH = flags.DEFINE_integer("max_seq_length", 128,
+                                       "Maximum sequence length.")
+_MAX_PREDICTIONS = flags.DEFINE_integer(
+    "max_predictions_per_seq", 20, "Maximum masked LM predictions per sequence.")
+_MASKED_LM_PROB = flags.DEFINE_float("masked_lm_prob", 0.15,
+                                     "Masked LM probability.")
+_SHORT_SEQ_PROB = flags.DEFINE_float(
+    "short_seq_prob", 0.1, "Probability of a shorter target sequence length.")
+_DUPE_FACTOR = flags.DEFINE_integer(
+    "dupe_factor", 10, "Passes over the input, each with different masks.")
+_RANDOM_SEED = flags.DEFINE_integer("random_seed", 12345, "Random seed.")
+_WWM = flags.DEFINE_bool("do_whole_word_mask", False,
+                         "Mask all pieces of a word together.")
+_NUM_OUTPUT_SHARDS = flags.DEFINE_integer("num_output_shards", 16,
+                                          "Number of output TFRecord files.")
+_NUM_WORKERS = flags.DEFINE_integer(
+    "num_workers", None, "Worker processes (default: all cores).")
+_DOCS_PER_CHUNK = flags.DEFINE_integer(
+    "docs_per_chunk", 2048, "Documents processed together; the random-next "
+    "segment B comes from another document of the same chunk.")
+_RUNNER = flags.DEFINE_string(
+    "runner", "local", "local (worker processes) or beam:<Runner>, e.g. "
+    "beam:DirectRunner, beam:DataflowRunner, beam:FlinkRunner.")
+_NO_PROGRESS = flags.DEFINE_bool("no_progress", False, "Hide the progress bar.")
+
+
+def main(argv):
+  from bertjax.data import creation  # pylint: disable=g-import-not-at-top
+  from bertjax.data import documents  # pylint: disable=g-import-not-at-top
+  pipeline_args = argv[1:]
+  runner = _RUNNER.value
+  if runner != "local" and not runner.startswith("beam:"):
+    raise app.UsageError(f"--runner={runner}: use local or beam:<Runner>.")
+  if pipeline_args and runner == "local":
+    raise app.UsageError(f"Unknown arguments {pipeline_args}; only "
+                         "--runner=beam:... passes extra options on.")
+  if not _OUTPUT_DIR.value:
+    raise app.UsageError("--output_dir is required.")
+  if not _VOCAB_FILE.value:
+    raise app.UsageError("--vocab_file is required.")
+  from bertjax.data import corpus  # pylint: disable=g-import-not-at-top
+  if not corpus.exists(_VOCAB_FILE.value):
+    raise app.UsageError(f"--vocab_file={_VOCAB_FILE.value}: no such file.")
+  if _NUM_WORKERS.value is not None and _NUM_WORKERS.value < 1:
+    raise app.UsageError(f"--num_workers={_NUM_WORKERS.value}: must be >= 1.")
+  config = creation.CreationConfig(
+      max_seq_length=_MAX_SEQ_LENGTH.value,
+      max_predictions_per_seq=_MAX_PREDICTIONS.value,
+      masked_lm_prob=_MASKED_LM_PROB.value,
+      short_seq_prob=_SHORT_SEQ_PROB.value,
+      dupe_factor=_DUPE_FACTOR.value,
+      random_seed=_RANDOM_SEED.value,
+      whole_word_mask=_WWM.value,
+      num_output_shards=_NUM_OUTPUT_SHARDS.value,
+      docs_per_chunk=_DOCS_PER_CHUNK.value)
+  try:
+    config.validate()
+    shards = documents.list_input_shards(
+        _INPUT_FILE.value, _INPUT_FORMAT.value, tfds_name=_TFDS_NAME.value,
+        tfds_split=_TFDS_SPLIT.value, tfds_feature=_TFDS_FEATURE.value)
+    spec = creation.TokenizerSpec(_TOKENIZER.value, _VOCAB_FILE.value,
+                                  _DO_LOWER_CASE.value)
+    source = documents.describe_source(_INPUT_FORMAT.value, _INPUT_FILE.value,
+                                      _TFDS_NAME.value, _TFDS_SPLIT.value)
+    if runner == "local":
+      creation.create_pretraining_data(
+          shards, spec, config, _OUTPUT_DIR.value,
+          num_workers=_NUM_WORKERS.value, source=source,
+          show_progress=not _NO_PROGRESS.value)
+    else:
+      from bertjax.data import beam_pipeline  # pylint: disable=g-import-not-at-top
+      beam_pipeline.run_beam(shards, spec, config, _OUTPUT_DIR.value,
+                             runner=runner[len("beam:"):], source=source,
+                             pipeline_args=pipeline_args)
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _parse_flags(argv):
+  """Parses our flags; the rest is passed to Beam (or refused by main)."""
+  return flags.FLAGS(argv, known_only=True)
+
+
+def run():
+  """Console-script entry point (bertjax-create-data)."""
+  app.run(main, flags_parser=_parse_flags)
+
+
+if __name__ == "__main__":
+  run()

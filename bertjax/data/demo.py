@@ -1,0 +1,251 @@
+"""The demo corpus: Python's own documentation, made into BERT data.
+
+Every Python ships its language reference as text in `pydoc_data.topics`
+(what `help("assert")` prints) and the docstrings of its standard library
+in the library's sources. `ensure_demo_data` turns both into documents of
+sentences (one per section of a reference topic, one per library module:
+about 2 MB of English prose), holds out ~10% of the documents for
+evaluation, trains a small WordPiece vocab on the training documents and
+creates pre-masked TFRecords for both pretraining phases:
+
+  data_dir/
+    text/train.txt, text/eval.txt  sentences per line, blank line between docs
+    vocab.txt                      WordPiece vocab (training documents only)
+    train_128/ eval_128/           max_seq_length 128, max_predictions 20
+    train_512/ eval_512/           max_seq_length 512, max_predictions 80
+
+Nothing is downloaded and no text is stored in the repository; the corpus is
+built at run time. Each step is skipped when its output exists, so the call is
+idempotent and resumes after an interruption (files are written atomically
+and dataset creation resumes by itself).
+"""
+
+import ast
+import os
+import random
+import re
+import sysconfig
+from typing import Iterator, Optional
+
+from bertjax.data import creation
+from bertjax.data import documents
+from bertjax.data import schema
+
+PHASES = {128: 20, 512: 80}  # max_seq_length -> max_predictions_per_seq
+_HEADING_UNDERLINE = re.compile(r"^([=\-*~^+#\"])\1{2,}$")
+_BULLET = re.compile(r"^(\*|-|\d+\.)\s+")
+
+
+def _write_atomic(path: str, text: str) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.write(text)
+  os.replace(tmp, path)
+
+
+def _sections(topic_text: str) -> list[list[str]]:
+  """Paragraphs of prose per section of one pydoc topic."""
+  lines = topic_text.splitlines()
+  sections, paragraphs, para = [], [], []
+
+  def end_paragraph():
+    if para:
+      paragraphs.append(para[:])
+      para.clear()
+
+  i = 0
+  while i < len(lines):
+    line = lines[i]
+    nxt = lines[i + 1].strip() if i + 1 < len(lines) else ""
+    if line.strip() and _HEADING_UNDERLINE.match(nxt):
+      end_paragraph()
+      if paragraphs:
+        sections.append(paragraphs)
+      paragraphs = []
+      i += 2
+      continue
+    if line.strip():
+      para.append(line)
+    else:
+      end_paragraph()
+    i += 1
+  end_paragraph()
+  if paragraphs:
+    sections.append(paragraphs)
+  return [[_prose(p) for p in sec if _is_prose(p)] for sec in sections]
+
+
+def _is_prose(paragraph: list[str]) -> bool:
+  """False for code samples, grammar rules and tables."""
+  first = paragraph[0]
+  indent = len(first) - len(first.lstrip())
+  text = " ".join(paragraph)
+  if indent >= 3 and not _BULLET.match(first.lstrip()):
+    return False
+  if ">>>" in text or "::=" in text or "+---" in text or "====" in text:
+    return False
+  letters = sum(c.isalpha() for c in text)
+  return letters >= 0.6 * len(text.replace(" ", "")) and len(text.split()) >= 4
+
+
+def _prose(paragraph: list[str]) -> str:
+  text = " ".join(line.strip() for line in paragraph)
+  return _BULLET.sub("", text)
+
+
+def _split_sentences(text: str) -> list[str]:
+  from bertjax.data import corpus  # pylint: disable=g-import-not-at-top
+  return [s for s in corpus.split_sentences(text) if s.strip()]
+
+
+def _topic_sections() -> Iterator[list[list[list[str]]]]:
+  """Per reference topic, its sections' paragraphs of prose."""
+  import pydoc_data.topics  # pylint: disable=g-import-not-at-top
+  for name in sorted(pydoc_data.topics.topics):
+    yield _sections(pydoc_data.topics.topics[name])
+
+
+_SKIPPED_LIBRARY_DIRS = {"test", "tests", "idlelib", "turtledemo", "lib2to3",
+                         "site-packages", "dist-packages", "__pycache__"}
+
+
+def _docstring_paragraphs(tree: ast.Module) -> list[list[str]]:
+  """The prose paragraphs of a module's docstrings, in source order."""
+  paragraphs = []
+
+  def visit(node):
+    doc = ast.get_docstring(node) if isinstance(
+        node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) else None
+    if doc:
+      para = []
+      for line in doc.splitlines() + [""]:
+        if line.strip():
+          para.append(line)
+        elif para:
+          if _is_prose(para):
+            paragraphs.append(_prose(para))
+          para = []
+    for child in getattr(node, "body", []):
+      if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+        visit(child)
+
+  visit(tree)
+  return paragraphs
+
+
+def _library_modules() -> Iterator[list[list[list[str]]]]:
+  """Per standard-library module (sorted by path), its docstrings' prose as one section."""
+  root = sysconfig.get_paths()["stdlib"]
+  paths = []
+  for directory, subdirs, names in os.walk(root):
+    subdirs[:] = sorted(d for d in subdirs
+                        if d not in _SKIPPED_LIBRARY_DIRS and not d.startswith("."))
+    paths.extend(os.path.join(directory, n) for n in names if n.endswith(".py"))
+  for path in sorted(paths):
+    try:
+      with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+      continue
+    paragraphs = _docstring_paragraphs(tree)
+    if paragraphs:
+      yield [paragraphs]
+
+
+def demo_documents(min_sentences: int = 3) -> list[list[str]]:
+  """The documents (lists of sentences) of the demo corpus, in a fixed order.
+
+  The reference topics' sections, then the standard library's modules. A
+  section with fewer than `min_sentences` sentences joins the document before
+  it (of the same topic). Text recurs (topics share sections, classes repeat
+  their methods' docs), so a sentence of five or more words is kept only
+  where it first appears; a document left with fewer than two sentences is
+  dropped.
+  """
+  docs, seen = [], set()
+  for sections in [*_topic_sections(), *_library_modules()]:
+    topic_docs = []
+    for paragraphs in sections:
+      sentences = []
+      for p in paragraphs:
+        for sentence in _split_sentences(p):
+          if len(sentence.split()) >= 5:
+            if sentence in seen:
+              continue
+            seen.add(sentence)
+          sentences.append(sentence)
+      if not sentences:
+        continue
+      if len(sentences) < min_sentences and topic_docs:
+        topic_docs[-1].extend(sentences)
+      else:
+        topic_docs.append(sentences)
+    docs.extend(d for d in topic_docs if len(d) >= 2)
+  return docs
+
+
+def _format(docs: list[list[str]]) -> str:
+  return "\n\n".join("\n".join(d) for d in docs) + "\n"
+
+
+def ensure_demo_data(data_dir: str, *, vocab_size: int = 6000,
+                     dupe_factor: int = 10, eval_dupe_factor: int = 10,
+                     eval_fraction: float = 0.1, seed: int = 12345,
+                     phases: Optional[dict[int, int]] = None,
+                     num_workers: int = 1, show_progress: bool = False,
+                     log=print) -> dict[str, str]:
+  """Builds the demo data under `data_dir` where absent; returns its paths.
+
+  Returns {"data_dir": dir, "vocab": vocab.txt path, "train_text": path,
+  "eval_text": path, "train": {L: glob}, "eval": {L: glob}} where, for each
+  phase length L in `phases` (max_seq_length -> max_predictions_per_seq,
+  default {128: 20, 512: 80}), the glob is `data_dir/{split}_{L}/part-*.tfrecord`
+  (metadata.json beside the shards), the file pattern pipeline.TrainSource
+  and pipeline.eval_batches take. The documents are split between train and
+  eval at random (seeded), disjointly.
+  """
+  phases = dict(PHASES if phases is None else phases)
+  os.makedirs(os.path.join(data_dir, "text"), exist_ok=True)
+  paths = {
+      "data_dir": data_dir,
+      "vocab": os.path.join(data_dir, "vocab.txt"),
+      "train_text": os.path.join(data_dir, "text", "train.txt"),
+      "eval_text": os.path.join(data_dir, "text", "eval.txt"),
+      "train": {},
+      "eval": {},
+  }
+  if not (os.path.exists(paths["train_text"])
+          and os.path.exists(paths["eval_text"])):
+    docs = demo_documents()
+    random.Random(seed).shuffle(docs)
+    num_eval = max(2, int(round(len(docs) * eval_fraction)))
+    _write_atomic(paths["eval_text"], _format(docs[:num_eval]))
+    _write_atomic(paths["train_text"], _format(docs[num_eval:]))
+    log(f"demo corpus: {len(docs) - num_eval} training and {num_eval} "
+        f"evaluation documents in {os.path.dirname(paths['train_text'])}")
+  if not os.path.exists(paths["vocab"]):
+    from bertjax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+    tmp = paths["vocab"] + ".tmp"
+    vocab_lib.build_wordpiece_vocab([paths["train_text"]], tmp,
+                                    vocab_size=vocab_size, do_lower_case=True)
+    os.replace(tmp, paths["vocab"])
+    log(f"demo vocab: {paths['vocab']}")
+  spec = creation.TokenizerSpec("wordpiece", paths["vocab"], True)
+  for length, max_pred in sorted(phases.items()):
+    for split, dupe in (("train", dupe_factor), ("eval", eval_dupe_factor)):
+      out = os.path.join(data_dir, f"{split}_{length}")
+      paths[split][length] = os.path.join(out, "part-*.tfrecord")
+      done = schema.read_metadata(out) is not None
+      config = creation.CreationConfig(
+          max_seq_length=length, max_predictions_per_seq=max_pred,
+          dupe_factor=dupe, random_seed=seed + (0 if split == "train" else 1),
+          num_output_shards=4 if split == "train" else 2)
+      shards = documents.list_input_shards(paths[f"{split}_text"])
+      creation.create_pretraining_data(
+          shards, spec, config, out, num_workers=num_workers,
+          source=f"demo:python-docs/{split}",
+          show_progress=show_progress, log=lambda *a: None)
+      if not done:
+        md = schema.read_metadata(out)
+        log(f"demo {split}_{length}: {md.num_instances} instances in {out}")
+  return paths

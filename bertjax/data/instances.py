@@ -1,0 +1,446 @@
+"""The paper's pretraining instances (NSP sentence pairs + MLM masking) on ids.
+
+This is the algorithm of the original BERT release's
+`create_pretraining_data.py` (`create_instances_from_document`,
+`create_masked_lm_predictions`, `truncate_seq_pair`), written on token ids
+instead of token strings. Given a `random.Random` in the same state it draws
+the same random numbers in the same order as the original and so produces the
+same instances (tests/test_instances.py checks this against a port of the
+original). Two deliberate, documented differences:
+
+* Random replacement tokens (the 10% "random word" case) are drawn from the
+  non-special ids (`VocabInfo.replacement_ids`, in id order) instead of the
+  whole vocab, so [PAD]/[CLS]/[SEP]/[MASK]/[UNK] are never injected into the
+  input. Passing the non-special tokens as the original's `vocab_words`
+  reproduces the same draws.
+* If after the original's ten tries the "random next" document is still the
+  document itself (probability (1/n)^10 for n documents), the next document
+  is used, so segment B of a random-next pair never comes from the same
+  document when there are at least two. This draws no extra random number.
+
+Candidates for masking exclude the [CLS]/[SEP] positions (the original
+excludes the [CLS]/[SEP] strings; the driver keeps special ids out of document
+text so the two agree). Whole-word masking groups a piece that is not a word
+start (`is_word_start[id]` False, i.e. a WordPiece "##x" or a SentencePiece
+piece without the "▁" prefix) with the previous candidate, like the
+original's "##" test.
+
+`FastRng` is the generator the driver uses: a `random.Random` whose
+`shuffle` runs in numpy (the original's Python shuffle of ~125 candidates per
+instance is the single largest cost). The algorithm code is the same for both.
+"""
+
+import dataclasses
+import itertools
+import random
+from typing import Optional, Sequence
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabInfo:
+  """What instance creation needs to know about the vocabulary."""
+  vocab_size: int
+  cls_id: int
+  sep_id: int
+  mask_id: int
+  pad_id: int
+  # Ids a masked token may be replaced with (all non-special ids, ascending).
+  replacement_ids: tuple[int, ...]
+  # is_word_start[id]; only used for whole-word masking.
+  is_word_start: Optional[tuple[bool, ...]] = None
+
+  @property
+  def replacement_array(self) -> np.ndarray:
+    cached = self.__dict__.get("_replacement_array")
+    if cached is None:
+      cached = np.asarray(self.replacement_ids, np.int64)
+      object.__setattr__(self, "_replacement_array", cached)
+    return cached
+
+  @classmethod
+  def from_tokenizer(cls, tokenizer) -> "VocabInfo":
+    """Builds the info from a `tokenization.Tokenizer`."""
+    special = tokenizer.special_ids
+    return cls.create(tokenizer.vocab_size, special,
+                      np.asarray(tokenizer.is_word_start, dtype=bool))
+
+  @classmethod
+  def create(cls, vocab_size: int, special_ids: dict[str, int],
+             is_word_start: Optional[Sequence[bool]] = None) -> "VocabInfo":
+    missing = sorted({"pad", "unk", "cls", "sep", "mask"} - set(special_ids))
+    if missing:
+      raise ValueError(f"special_ids lacks {missing}; the vocab needs "
+                       "[PAD] [UNK] [CLS] [SEP] [MASK].")
+    special = set(special_ids.values())
+    replacement = tuple(i for i in range(vocab_size) if i not in special)
+    if not replacement:
+      raise ValueError("The vocab has no non-special tokens.")
+    starts = None
+    if is_word_start is not None:
+      starts = tuple(bool(x) for x in is_word_start)
+      if len(starts) != vocab_size:
+        raise ValueError(f"is_word_start has {len(starts)} entries for a vocab "
+                         f"of {vocab_size}.")
+    return cls(vocab_size=vocab_size, cls_id=special_ids["cls"],
+               sep_id=special_ids["sep"], mask_id=special_ids["mask"],
+               pad_id=special_ids["pad"], replacement_ids=replacement,
+               is_word_start=starts)
+
+
+class Instance:
+  """One pre-masked sentence pair: [CLS] A [SEP] B [SEP].
+
+  `input_ids` is the masked sequence without padding; the first `num_a + 2`
+  tokens are segment 0 and the rest segment 1. `masked_lm_positions` is
+  ascending and `masked_lm_ids` holds the original ids there.
+  """
+  __slots__ = ("input_ids", "num_a", "masked_lm_positions", "masked_lm_ids",
+               "is_random_next")
+
+  def __init__(self, input_ids, num_a, masked_lm_positions, masked_lm_ids,
+               is_random_next):
+    self.input_ids = input_ids
+    self.num_a = num_a
+    self.masked_lm_positions = masked_lm_positions
+    self.masked_lm_ids = masked_lm_ids
+    self.is_random_next = is_random_next
+
+  @property
+  def segment_ids(self) -> list[int]:
+    n = len(self.input_ids)
+    return [0] * (self.num_a + 2) + [1] * (n - self.num_a - 2)
+
+  def __repr__(self):
+    return (f"Instance(input_ids={self.input_ids}, num_a={self.num_a}, "
+            f"masked_lm_positions={self.masked_lm_positions}, "
+            f"masked_lm_ids={self.masked_lm_ids}, "
+            f"is_random_next={self.is_random_next})")
+
+
+class FastRng(random.Random):
+  """`random.Random` seeded from integers, with a numpy `shuffle`.
+
+  Deterministic in `entropy` (e.g. (seed, input shard, chunk, dupe pass)).
+  `random()` is Python's Mersenne Twister and `randint(a, b)` is
+  `a + int(random() * (b - a + 1))`; `shuffle` and `generator` draw from a
+  numpy PCG64 stream seeded from the same entropy.
+  """
+
+  def __init__(self, entropy: Sequence[int]):
+    seq = np.random.SeedSequence([int(x) for x in entropy])
+    words = seq.generate_state(4, np.uint64)
+    super().__init__(int.from_bytes(words[:2].tobytes(), "little"))
+    self._np = np.random.Generator(np.random.PCG64(int.from_bytes(
+        words[2:].tobytes(), "little")))
+
+  @property
+  def generator(self) -> np.random.Generator:
+    """The numpy generator (for `mask_batch`)."""
+    return self._np
+
+  def shuffle(self, x):  # pylint: disable=arguments-differ
+    self._np.shuffle(x)
+
+  def randint(self, a: int, b: int) -> int:
+    # Uniform up to float resolution (2**-53); faster than randrange.
+    return a + int(self.random() * (b - a + 1))
+
+  def count_heads(self, k: int) -> int:
+    """Heads in k fair coin flips (Binomial(k, 1/2))."""
+    return self.getrandbits(k).bit_count() if k > 0 else 0
+
+
+def num_predictions(num_tokens: int, masked_lm_prob: float,
+                    max_predictions_per_seq: int) -> int:
+  """The original's count: min(max_pred, max(1, round(len * prob)))."""
+  return min(max_predictions_per_seq,
+             max(1, int(round(num_tokens * masked_lm_prob))))
+
+
+def truncate_seq_pair(tokens_a: list[int], tokens_b: list[int],
+                      max_num_tokens: int, rng) -> None:
+  """Drops tokens from the front or back (at random) of the longer list."""
+  while len(tokens_a) + len(tokens_b) > max_num_tokens:
+    trunc = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
+    if rng.random() < 0.5:
+      del trunc[0]
+    else:
+      trunc.pop()
+
+
+def _truncate_bounds(len_a: int, len_b: int, max_num_tokens: int, rng):
+  """`truncate_seq_pair` on lengths: returns (a_lo, a_hi, b_lo, b_hi).
+
+  Which list loses each token depends only on the lengths (the longer one,
+  B on ties); only front/back is random. A generator with `count_heads(k)`
+  (FastRng) draws the number of front removals of each list at once, which
+  has the same distribution; any other draws one `random()` per removal in
+  the original order.
+  """
+  excess = len_a + len_b - max_num_tokens
+  if excess <= 0:
+    return 0, len_a, 0, len_b
+  count_heads = getattr(rng, "count_heads", None)
+  if count_heads is not None:
+    la, lb, ka, kb, e = len_a, len_b, 0, 0, excess
+    if la > lb:
+      d = min(e, la - lb)
+      ka, la, e = d, la - d, e - d
+      first_is_a = False  # Equal lengths now: B is trimmed next.
+    else:
+      d = min(e, lb - la + 1)
+      kb, lb, e = d, lb - d, e - d
+      first_is_a = True  # A is one longer now: A is trimmed next.
+    ka += (e + 1) // 2 if first_is_a else e // 2
+    kb += e // 2 if first_is_a else (e + 1) // 2
+    a_front, b_front = count_heads(ka), count_heads(kb)
+    return a_front, len_a - (ka - a_front), b_front, len_b - (kb - b_front)
+  a_lo, a_hi, b_lo, b_hi = 0, len_a, 0, len_b
+  rnd = rng.random
+  while (a_hi - a_lo) + (b_hi - b_lo) > max_num_tokens:
+    if a_hi - a_lo > b_hi - b_lo:
+      if rnd() < 0.5:
+        a_lo += 1
+      else:
+        a_hi -= 1
+    else:
+      if rnd() < 0.5:
+        b_lo += 1
+      else:
+        b_hi -= 1
+  return a_lo, a_hi, b_lo, b_hi
+
+
+def mask_tokens(tokens: list[int], num_a: int, masked_lm_prob: float,
+                max_predictions_per_seq: int, vocab: VocabInfo, rng,
+                whole_word_mask: bool = False):
+  """The original `create_masked_lm_predictions` on ids.
+
+  `tokens` is [CLS] A [SEP] B [SEP] with len(A) == num_a. Returns
+  (masked tokens, positions ascending, original ids at those positions).
+  """
+  n = len(tokens)
+  num_to_predict = num_predictions(n, masked_lm_prob, max_predictions_per_seq)
+  rnd = rng.random
+  output = list(tokens)
+  replacement = vocab.replacement_ids
+  last_replacement = len(replacement) - 1
+  mask_id = vocab.mask_id
+
+  def replace(index):
+    """80% [MASK], 10% unchanged, 10% a random token; the original's draws."""
+    if rnd() < 0.8:
+      output[index] = mask_id
+    elif rnd() >= 0.5:
+      output[index] = replacement[rng.randint(0, last_replacement)]
+
+  if not whole_word_mask:
+    # Every candidate is its own group, so the original's "covered" check
+    # never fires: the chosen positions are a prefix of the shuffled list.
+    cand = list(range(1, num_a + 1))
+    cand.extend(range(num_a + 2, n - 1))
+    rng.shuffle(cand)
+    chosen = cand[:num_to_predict]
+    for index in chosen:
+      replace(index)
+    chosen.sort()
+    return output, chosen, [tokens[i] for i in chosen]
+
+  starts = vocab.is_word_start
+  if starts is None:
+    raise ValueError("whole-word masking needs VocabInfo.is_word_start.")
+  cand_groups = []
+  for i in range(1, n - 1):
+    if i == num_a + 1:
+      continue
+    if cand_groups and not starts[tokens[i]]:
+      cand_groups[-1].append(i)
+    else:
+      cand_groups.append([i])
+  rng.shuffle(cand_groups)
+  chosen = []
+  covered = set()
+  for group in cand_groups:
+    if len(chosen) >= num_to_predict:
+      break
+    if len(chosen) + len(group) > num_to_predict:
+      continue
+    if any(i in covered for i in group):
+      continue
+    for index in group:
+      covered.add(index)
+      replace(index)
+      chosen.append(index)
+  chosen.sort()
+  return output, chosen, [tokens[i] for i in chosen]
+
+
+def create_instances_from_document(
+    all_documents: Sequence[Sequence[Sequence[int]]], document_index: int,
+    max_seq_length: int, short_seq_prob: float, masked_lm_prob: float,
+    max_predictions_per_seq: int, vocab: VocabInfo, rng,
+    whole_word_mask: bool = False, mask: bool = True) -> list:
+  """The original `create_instances_from_document` on token ids.
+
+  A document is a list of sentences, each a non-empty list of ids (no
+  special ids). `rng` needs `random()`, `randint(a, b)` and `shuffle(list)`:
+  a `random.Random` or a `FastRng`. With `mask=False` the pairs are returned
+  unmasked as (tokens, num_a, is_random_next) tuples, for `mask_batch`.
+  """
+  document = all_documents[document_index]
+  num_documents = len(all_documents)
+  max_num_tokens = max_seq_length - 3
+  rnd = rng.random
+
+  target_seq_length = max_num_tokens
+  if rnd() < short_seq_prob:
+    target_seq_length = rng.randint(2, max_num_tokens)
+
+  instances = []
+  current_chunk = []
+  current_length = 0
+  i = 0
+  while i < len(document):
+    segment = document[i]
+    current_chunk.append(segment)
+    current_length += len(segment)
+    if i == len(document) - 1 or current_length >= target_seq_length:
+      # current_chunk is never empty here.
+      a_end = 1
+      if len(current_chunk) >= 2:
+        a_end = rng.randint(1, len(current_chunk) - 1)
+      tokens_a = []
+      for j in range(a_end):
+        tokens_a.extend(current_chunk[j])
+
+      tokens_b = []
+      if len(current_chunk) == 1 or rnd() < 0.5:
+        is_random_next = True
+        target_b_length = target_seq_length - len(tokens_a)
+        for _ in range(10):
+          random_document_index = rng.randint(0, num_documents - 1)
+          if random_document_index != document_index:
+            break
+        if random_document_index == document_index and num_documents > 1:
+          random_document_index = (document_index + 1) % num_documents
+        random_document = all_documents[random_document_index]
+        random_start = rng.randint(0, len(random_document) - 1)
+        for j in range(random_start, len(random_document)):
+          tokens_b.extend(random_document[j])
+          if len(tokens_b) >= target_b_length:
+            break
+        # The segments after A were not used: put them back.
+        i -= len(current_chunk) - a_end
+      else:
+        is_random_next = False
+        for j in range(a_end, len(current_chunk)):
+          tokens_b.extend(current_chunk[j])
+
+      a_lo, a_hi, b_lo, b_hi = _truncate_bounds(
+          len(tokens_a), len(tokens_b), max_num_tokens, rng)
+      num_a = a_hi - a_lo
+      tokens = [vocab.cls_id]
+      tokens.extend(tokens_a[a_lo:a_hi])
+      tokens.append(vocab.sep_id)
+      tokens.extend(tokens_b[b_lo:b_hi])
+      tokens.append(vocab.sep_id)
+
+      if mask:
+        output, positions, labels = mask_tokens(
+            tokens, num_a, masked_lm_prob, max_predictions_per_seq, vocab, rng,
+            whole_word_mask)
+        instances.append(Instance(output, num_a, positions, labels,
+                                  is_random_next))
+      else:
+        instances.append((tokens, num_a, is_random_next))
+      current_chunk = []
+      current_length = 0
+    i += 1
+  return instances
+
+
+@dataclasses.dataclass
+class MaskedBatch:
+  """Instances as padded arrays (B instances, L = max_seq_length, P = max pred).
+
+  Rows are the records' features before padding is counted: `input_ids_BxL`
+  is masked and zero-padded, the first `num_a_B + 2` tokens are segment 0,
+  positions are ascending in each row, and `num_predictions_B` of the P
+  prediction slots are used.
+  """
+  input_ids_BxL: np.ndarray
+  lengths_B: np.ndarray
+  num_a_B: np.ndarray
+  masked_lm_positions_BxP: np.ndarray
+  masked_lm_ids_BxP: np.ndarray
+  num_predictions_B: np.ndarray
+  is_random_next_B: np.ndarray
+
+  def __len__(self):
+    return len(self.lengths_B)
+
+  def instance(self, i: int) -> Instance:
+    n, k = int(self.lengths_B[i]), int(self.num_predictions_B[i])
+    return Instance(self.input_ids_BxL[i, :n].tolist(), int(self.num_a_B[i]),
+                    self.masked_lm_positions_BxP[i, :k].tolist(),
+                    self.masked_lm_ids_BxP[i, :k].tolist(),
+                    bool(self.is_random_next_B[i]))
+
+
+def mask_batch(pairs: Sequence[tuple[list[int], int, bool]], max_seq_length: int,
+               masked_lm_prob: float, max_predictions_per_seq: int,
+               vocab: VocabInfo, gen: np.random.Generator) -> MaskedBatch:
+  """`mask_tokens` for many pairs at once, in numpy.
+
+  The same masking as the original, drawn differently: each row's
+  num_predictions = min(P, max(1, round(length * masked_lm_prob))) positions
+  are the candidates with the smallest uniform keys (a uniformly random
+  subset, as a shuffle's prefix is), and one uniform per chosen position
+  picks [MASK] (< 0.8), the original token (< 0.9) or a random non-special
+  id. Not for whole-word masking (use `mask_tokens`).
+  """
+  B, L, P = len(pairs), max_seq_length, max_predictions_per_seq
+  lengths = np.fromiter((len(p[0]) for p in pairs), np.int64, B)
+  num_a = np.fromiter((p[1] for p in pairs), np.int64, B)
+  is_random_next = np.fromiter((p[2] for p in pairs), bool, B)
+  col = np.arange(L)
+  valid = col < lengths[:, None]
+  ids = np.zeros((B, L), np.int64)
+  ids[valid] = np.fromiter(itertools.chain.from_iterable([p[0] for p in pairs]),
+                           np.int64, int(lengths.sum()))
+  cand = (valid & (col > 0) & (col != (num_a + 1)[:, None])
+          & (col != (lengths - 1)[:, None]))
+  # np.round, like Python's round, rounds halves to even.
+  k = np.minimum(P, np.maximum(1, np.round(lengths * masked_lm_prob))).astype(
+      np.int64)
+  # The k smallest of uniform keys over the candidates: the P smallest by
+  # partition, sorted, then the first k of them that are candidates.
+  keys = gen.random((B, L))
+  keys[~cand] = 2.0
+  part = np.argpartition(keys, P - 1, axis=1)[:, :P] if P < L else (
+      np.broadcast_to(col, (B, L)).copy())
+  part_keys = np.take_along_axis(keys, part, axis=1)
+  by_key = np.argsort(part_keys, axis=1)
+  cols_by_key = np.take_along_axis(part, by_key, axis=1)
+  used = ((np.arange(P) < k[:, None])
+          & (np.take_along_axis(part_keys, by_key, axis=1) < 2.0))
+  positions = np.sort(np.where(used, cols_by_key, L), axis=1)
+  used = positions < L
+  positions[~used] = 0
+  counts = used.sum(axis=1)
+  labels = np.where(used, np.take_along_axis(ids, positions, axis=1), 0)
+  # One uniform per prediction: [MASK] below 0.8, unchanged below 0.9, else
+  # a random non-special id.
+  u = gen.random((B, P))
+  rows = np.broadcast_to(np.arange(B)[:, None], (B, P))
+  to_mask = used & (u < 0.8)
+  to_random = used & (u >= 0.9)
+  masked = ids.copy()
+  masked[rows[to_mask], positions[to_mask]] = vocab.mask_id
+  replacement = vocab.replacement_array
+  masked[rows[to_random], positions[to_random]] = replacement[
+      gen.integers(0, len(replacement), int(to_random.sum()))]
+  return MaskedBatch(masked, lengths, num_a, positions, labels, counts,
+                     is_random_next)

@@ -1,0 +1,429 @@
+"""The host input pipeline: pre-masked TFRecords -> per-host numpy batches.
+
+Order and exact resume
+----------------------
+Records are read by index, not as a stream, so that the batch at global step
+s is a pure function of (seed, s) and the files: resuming at step s costs
+O(1), however far into training s is, and needs nothing in the checkpoint but
+the step. Epoch e of a set of n records is a permutation of them drawn from
+PCG64 seeded with (seed, e, ...); epochs follow one another, and a batch that
+straddles an epoch boundary takes the end of one and the start of the next.
+Two orders are offered:
+
+* order="files" (default). Host h of P owns files h, h+P, h+2P, ... of the
+  sorted file list and reads only those; its epoch e is a permutation of its
+  own records seeded with (seed, e, P, h), and host step s is rows
+  [s*b, (s+1)*b) of its stream (b = global batch / P). The global batch is the
+  hosts' slices stacked. Files are host-disjoint, which is what scales: a
+  host opens F/P files, so its page cache or object-store reads cover 1/P of
+  the data. Every record comes exactly once per epoch. The price: the order
+  depends on P, and a host with more records has longer epochs (a warning says
+  so when the files do not split evenly).
+* order="global". One permutation of all records per epoch, seeded with
+  (seed, e); global step s is positions [s*B, (s+1)*B) and host h takes rows
+  [h*b, (h+1)*b). The global batches are the same for any number of hosts, so
+  a run resumed on a different number of hosts continues the same order; every
+  host reads from every file.
+
+shuffle_block=K > 1 permutes blocks of K consecutive records instead of
+single records, so that reads come in contiguous runs (one request per block
+on object stores such as gs://, where single-record reads are slow). A batch
+is a set, so this only coarsens the shuffle; records are already shuffled
+when the data is created.
+
+Reading
+-------
+Python threads read whole frames by offset (record_index.RecordReader: one
+pread per run of adjacent frames, both CRCs checked) and hand batches of
+serialized examples to tf.data, which parses them with tf.io.parse_example
+after batching (vectorised), casts to int32, masks them afresh if
+`dynamic_masking` is set, and prefetches. TensorFlow never sees an accelerator.
+
+A corrupt or truncated record raises record_index.CorruptRecordError naming
+the file and offset; with skip_corrupt=True its row becomes a padding example
+of weight 0 (the step keeps its size and every other row its place), counted
+in `stats` and logged. A record that parses badly (wrong max_seq_length, not a
+BERT example) always raises, naming the file and the offending feature.
+"""
+
+import collections
+import glob as globlib
+import os
+import queue
+import threading
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+from absl import logging
+import numpy as np
+
+from bertjax.data import batch_reader
+from bertjax.data import dynamic_masking as masking_lib
+from bertjax.data import record_index
+from bertjax.data import schema
+
+ORDERS = ("files", "global")
+
+
+def list_files(file_pattern: str) -> list[str]:
+  """Sorted shards matching a glob (or comma-separated globs), without the
+  .index and metadata.json files that live beside them."""
+  files = set()
+  for pattern in file_pattern.split(","):
+    pattern = pattern.strip()
+    if record_index.is_remote(pattern):
+      files.update(batch_reader.tf_module().io.gfile.glob(pattern))
+    else:
+      files.update(p for p in globlib.glob(pattern) if os.path.isfile(p))
+  files = sorted(f for f in files if not f.endswith(record_index.INDEX_SUFFIX)
+                 and os.path.basename(f) != schema.METADATA_FILENAME)
+  if not files:
+    raise FileNotFoundError(f"file pattern {file_pattern!r} matches no TFRecord "
+                            "files; check the path (data.*_files in the config).")
+  return files
+
+
+def check_metadata(file_pattern: str, *, max_seq_length: int,
+                   max_predictions_per_seq: int, vocab_size: Optional[int] = None,
+                   vocab_hash: Optional[str] = None,
+                   require: bool = False) -> Optional[schema.DatasetMetadata]:
+  """Checks the metadata.json beside the files against the config.
+
+  Raises ValueError naming the metadata file and field on a mismatch. The
+  model's vocab may be larger than the data's (padded), not smaller. Without
+  metadata.json (e.g. the original BERT release's files) nothing can be
+  checked: a warning, or ValueError if `require`. Returns the metadata (of the
+  first directory) or None.
+  """
+  result = None
+  for directory in sorted({os.path.dirname(f) for f in list_files(file_pattern)}):
+    md = schema.read_metadata(directory)
+    path = schema.metadata_path(directory)
+    if md is None:
+      if require:
+        raise ValueError(f"{directory}: no {schema.METADATA_FILENAME}, so the data "
+                         "cannot be checked against the config; create the data "
+                         "with bertjax.create_data or do not require metadata.")
+      logging.warning("%s: no %s; the data's sequence length and vocabulary cannot "
+                      "be checked against the config.", directory,
+                      schema.METADATA_FILENAME)
+      continue
+
+    def bad(field, have, want):
+      raise ValueError(f"{path}: {field} is {have} but the config has {field}={want}; "
+                       "use data made for this config or change the config.")
+    if md.max_seq_length != max_seq_length:
+      bad("max_seq_length", md.max_seq_length, max_seq_length)
+    if md.max_predictions_per_seq != max_predictions_per_seq:
+      bad("max_predictions_per_seq", md.max_predictions_per_seq, max_predictions_per_seq)
+    if vocab_size is not None and md.vocab_size > vocab_size:
+      bad("vocab_size", md.vocab_size, vocab_size)
+    if vocab_hash is not None and md.vocab_hash != vocab_hash:
+      bad("vocab_hash", md.vocab_hash, vocab_hash)
+    result = result or md
+  return result
+
+
+def epoch_order(n: int, seed: int, epoch: int, salt: Sequence[int] = (),
+                block: int = 1) -> np.ndarray:
+  """The permutation of range(n) for `epoch`: a pure function of its arguments.
+
+  With block > 1, blocks of `block` consecutive indices move together.
+  """
+  rng = np.random.Generator(np.random.PCG64(
+      np.random.SeedSequence([seed % 2**64, epoch, *salt])))
+  dtype = np.int32 if n < 2**31 else np.int64
+  if block <= 1:
+    return rng.permutation(n).astype(dtype, copy=False)
+  starts = rng.permutation(-(-n // block)).astype(np.int64) * block
+  sizes = np.minimum(block, n - starts)
+  out_starts = np.cumsum(sizes) - sizes
+  return (np.repeat(starts - out_starts, sizes) + np.arange(n)).astype(dtype)
+
+
+class _EpochStream:
+  """Epoch after epoch of `epoch_order`s: position -> (record, epoch)."""
+
+  def __init__(self, n: int, seed: int, salt: Sequence[int], block: int):
+    self.n, self._seed, self._salt, self._block = n, seed, tuple(salt), block
+    self._orders: collections.OrderedDict = collections.OrderedDict()
+    self._lock = threading.Lock()
+
+  def _order(self, epoch: int) -> np.ndarray:
+    # Computed under the lock: reader threads that need a new epoch wait for
+    # one permutation instead of each drawing it.
+    with self._lock:
+      if epoch not in self._orders:
+        self._orders[epoch] = epoch_order(self.n, self._seed, epoch, self._salt,
+                                          self._block)
+        while len(self._orders) > 3:
+          self._orders.popitem(last=False)
+      self._orders.move_to_end(epoch)
+      return self._orders[epoch]
+
+  def take(self, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    pos = np.arange(start, start + count, dtype=np.int64)
+    epochs, within = np.divmod(pos, self.n)
+    records = np.empty(count, np.int64)
+    for epoch in np.unique(epochs):
+      sel = epochs == epoch
+      records[sel] = self._order(int(epoch))[within[sel]]
+    return records, epochs
+
+
+class TrainSource:
+  """Training batches for this host, a pure function of (seed, step).
+
+  Args:
+    file_pattern: glob (or comma-separated globs) of TFRecord shards.
+    global_batch_size: rows of a global batch; this host yields
+      global_batch_size // process_count of them per step.
+    max_seq_length, max_predictions_per_seq: the record shapes.
+    seed: the order's seed.
+    process_index, process_count: this host and the number of hosts
+      (default: jax's).
+    skip_corrupt: skip unreadable records (weight-0 rows, counted) instead of
+      raising.
+    dynamic_masking: None to use the masks in the records, or a dict of
+      dynamic_masking.OPTION_KEYS ({} for the defaults) to mask afresh each
+      epoch.
+    order: "files" or "global" (see the module docstring).
+    shuffle_block: records that move together in the shuffle (1: none).
+    vocab_size, vocab_hash, require_metadata: checked against metadata.json.
+    verify_crc: check each record's CRCs.
+    read_threads: threads reading records; prefetch: parsed batches kept ready.
+  """
+
+  def __init__(self, file_pattern: str, global_batch_size: int, *, max_seq_length: int,
+               max_predictions_per_seq: int, seed: int,
+               process_index: Optional[int] = None, process_count: Optional[int] = None,
+               skip_corrupt: bool = False,
+               dynamic_masking: Optional[Mapping[str, Any]] = None,
+               order: str = "files", shuffle_block: int = 1,
+               vocab_size: Optional[int] = None, vocab_hash: Optional[str] = None,
+               require_metadata: bool = False, verify_crc: bool = True,
+               read_threads: int = 4, prefetch: int = 4):
+    index, count = _process(process_index, process_count)
+    if order not in ORDERS:
+      raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
+    if global_batch_size <= 0 or global_batch_size % count:
+      raise ValueError(f"global batch size {global_batch_size} is not a positive "
+                       f"multiple of the {count} processes; change the batch size.")
+    if shuffle_block < 1:
+      raise ValueError(f"shuffle_block must be >= 1, got {shuffle_block}")
+    self.files = list_files(file_pattern)
+    self.metadata = check_metadata(
+        file_pattern, max_seq_length=max_seq_length,
+        max_predictions_per_seq=max_predictions_per_seq, vocab_size=vocab_size,
+        vocab_hash=vocab_hash, require=require_metadata)
+    masking = _masking_config(dynamic_masking, self.metadata, max_predictions_per_seq,
+                              seed, file_pattern)
+    if order == "files":
+      if len(self.files) < count:
+        raise ValueError(
+            f"file pattern {file_pattern!r} matches {len(self.files)} files but there "
+            f"are {count} processes, and order='files' gives each its own files; "
+            "write at least that many shards (a multiple of it balances them) or "
+            "use order='global'.")
+      numbers, salt = list(range(index, len(self.files), count)), (1, count, index)
+      _warn_if_unbalanced(self.files, count, self.metadata)
+    else:
+      numbers, salt = list(range(len(self.files))), (2,)
+    if shuffle_block == 1 and any(record_index.is_remote(f) for f in self.files):
+      logging.warning("Reading single records at random from remote files is "
+                      "slow; consider shuffle_block=256.")
+    self.host_files = [self.files[i] for i in numbers]
+    self.order, self.seed = order, seed
+    self.global_batch_size = global_batch_size
+    self.host_batch_size = global_batch_size // count
+    self.process_index, self.process_count = index, count
+    self._records = batch_reader.Records(self.files, numbers, skip_corrupt,
+                                         verify_crc, read_threads)
+    if not len(self._records):
+      raise ValueError(f"file pattern {file_pattern!r}: no records to read on "
+                       f"process {index}.")
+    self._stream = _EpochStream(len(self._records), seed, salt, shuffle_block)
+    self._batches = batch_reader.HostBatches(
+        self._records, self._rows, self.host_batch_size, max_seq_length,
+        max_predictions_per_seq, skip_corrupt=skip_corrupt, masking=masking,
+        read_threads=read_threads, prefetch=prefetch)
+    batch_reader.check_first_record(self._records, max_seq_length, max_predictions_per_seq)
+
+  @property
+  def num_records(self) -> int:
+    """Records this host reads per epoch (all of them with order='global')."""
+    return len(self._records)
+
+  def _start(self, step: int) -> int:
+    if self.order == "files":
+      return step * self.host_batch_size
+    return step * self.global_batch_size + self.process_index * self.host_batch_size
+
+  def _rows(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+    return self._stream.take(self._start(step), self.host_batch_size)
+
+  def epoch_at(self, step: int) -> int:
+    """The epoch of the first row of this host's batch at `step`."""
+    return self._start(step) // len(self._records)
+
+  def iterate(self, start_step: int = 0) -> Iterator[dict[str, np.ndarray]]:
+    """Host batches for global steps start_step, start_step + 1, ... (endless)."""
+    if start_step < 0:
+      raise ValueError(f"start_step must be >= 0, got {start_step}")
+    return self._batches.iterate(start_step)
+
+  @property
+  def stats(self) -> dict[str, int]:
+    step = self._batches.last_step
+    return {"corrupt_records_skipped": self._batches.corrupt_skipped,
+            "records_dropped_at_index": self._records.dropped,
+            "records": len(self._records),
+            "step": -1 if step is None else step,
+            "epoch": 0 if step is None else self.epoch_at(step)}
+
+
+def eval_batches(file_pattern: str, global_batch_size: int, *, max_seq_length: int,
+                 max_predictions_per_seq: int, process_index: Optional[int] = None,
+                 process_count: Optional[int] = None, max_batches: Optional[int] = None,
+                 skip_corrupt: bool = False,
+                 dynamic_masking: Optional[Mapping[str, Any]] = None,
+                 verify_crc: bool = True, read_threads: int = 4
+                 ) -> Iterator[dict[str, np.ndarray]]:
+  """Evaluation batches: every record once, in file order, no repeat.
+
+  Global batch g is records [g*B, (g+1)*B) of the sorted files and host h
+  takes rows [h*b, (h+1)*b) of it, so the global batches do not depend on the
+  number of hosts and every host yields ceil(N / B) batches (at most
+  max_batches); rows past the last record are padding with
+  next_sentence_weights = masked_lm_weights = 0. With dynamic_masking the
+  mask is that of epoch 0 (seed 0 unless given), the same on every call.
+  """
+  index, count = _process(process_index, process_count)
+  if global_batch_size <= 0 or global_batch_size % count:
+    raise ValueError(f"eval batch size {global_batch_size} is not a positive multiple "
+                     f"of the {count} processes; change the batch size.")
+  files = list_files(file_pattern)
+  metadata = check_metadata(file_pattern, max_seq_length=max_seq_length,
+                            max_predictions_per_seq=max_predictions_per_seq)
+  masking = _masking_config(dynamic_masking, metadata, max_predictions_per_seq, 0,
+                            file_pattern)
+  records = batch_reader.Records(files, range(len(files)), skip_corrupt, verify_crc,
+                                 read_threads)
+  n, b = len(records), global_batch_size // count
+  num_batches = -(-n // global_batch_size)
+  if max_batches is not None:
+    num_batches = min(num_batches, max_batches)
+
+  def rows(step):
+    pos = step * global_batch_size + index * b + np.arange(b, dtype=np.int64)
+    return np.where(pos < n, pos, -1), np.zeros(b, np.int64)
+
+  batches = batch_reader.HostBatches(
+      records, rows, b, max_seq_length, max_predictions_per_seq,
+      skip_corrupt=skip_corrupt, masking=masking, read_threads=read_threads, prefetch=2)
+  if n:
+    batch_reader.check_first_record(records, max_seq_length, max_predictions_per_seq)
+  return batches.iterate(0, num_batches)
+
+
+def _process(index: Optional[int], count: Optional[int]) -> tuple[int, int]:
+  if index is None or count is None:
+    import jax  # pylint: disable=g-import-not-at-top
+    index = jax.process_index() if index is None else index
+    count = jax.process_count() if count is None else count
+  if not 0 <= index < count:
+    raise ValueError(f"process_index {index} is not in [0, {count}).")
+  return index, count
+
+
+def _masking_config(options, metadata, max_predictions_per_seq, seed, file_pattern):
+  if options is not None:
+    return masking_lib.from_options(options, max_predictions_per_seq=max_predictions_per_seq,
+                                    seed=seed, metadata=metadata)
+  if metadata is not None and metadata.masking.get("premasked") is False:
+    raise ValueError(f"{file_pattern}: metadata says the records carry no masks; "
+                     "set dynamic_masking (e.g. {}) to mask them as they are read.")
+  return None
+
+
+def _warn_if_unbalanced(files: Sequence[str], count: int,
+                        metadata: Optional[schema.DatasetMetadata]) -> None:
+  sizes = {f["name"]: f["num_instances"] for f in (metadata.files if metadata else [])
+           if "name" in f and "num_instances" in f}
+  names = [os.path.basename(f) for f in files]
+  if all(name in sizes for name in names):
+    per_host = [sum(sizes[name] for name in names[h::count]) for h in range(count)]
+    if max(per_host) > 1.02 * max(1, min(per_host)):
+      logging.warning("Records per process range from %d to %d: with order='files' "
+                      "the smaller shards repeat more often. Use a number of equal "
+                      "shards divisible by the process count, or order='global'.",
+                      min(per_host), max(per_host))
+  elif len(files) % count:
+    logging.warning("%d files do not split evenly over %d processes: with "
+                    "order='files' some processes' records repeat more often.",
+                    len(files), count)
+
+
+def to_global(batch: Mapping[str, np.ndarray], sharding) -> dict[str, Any]:
+  """Host-local numpy batch -> global jax.Arrays, the batch dimension sharded.
+
+  `sharding` is one jax.sharding.Sharding for every field (e.g.
+  NamedSharding(mesh, P("data"))) or a dict of them per field.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  return {k: jax.make_array_from_process_local_data(
+      sharding[k] if isinstance(sharding, Mapping) else sharding, v)
+          for k, v in batch.items()}
+
+
+class _Failure:
+
+  def __init__(self, error: BaseException):
+    self.error = error
+
+
+_DONE = object()
+
+
+def prefetch_to_device(iterator: Iterator[Mapping[str, np.ndarray]], sharding,
+                       size: int = 2) -> Iterator[dict[str, Any]]:
+  """Yields to_global(batch) with up to `size` batches already on device.
+
+  A background thread takes host batches from `iterator` and starts their
+  transfer; an error there is raised here. Closing the returned generator
+  stops the thread.
+  """
+  if size < 1:
+    raise ValueError(f"prefetch size must be >= 1, got {size}")
+  ready: queue.Queue = queue.Queue(maxsize=size)
+  stop = threading.Event()
+
+  def put(item) -> bool:
+    while not stop.is_set():
+      try:
+        ready.put(item, timeout=0.1)
+        return True
+      except queue.Full:
+        pass
+    return False
+
+  def produce():
+    try:
+      for batch in iterator:
+        if not put(to_global(batch, sharding)):
+          return
+      put(_DONE)
+    except BaseException as e:  # pylint: disable=broad-except
+      put(_Failure(e))
+
+  thread = threading.Thread(target=produce, name="prefetch_to_device", daemon=True)
+  thread.start()
+  try:
+    while True:
+      item = ready.get()
+      if item is _DONE:
+        return
+      if isinstance(item, _Failure):
+        raise item.error
+      yield item
+  finally:
+    stop.set()

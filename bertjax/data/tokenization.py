@@ -1,0 +1,240 @@
+"""Tokenizers for pretraining data: WordPiece (Google vocab.txt), SentencePiece.
+
+Both give what data creation needs: `encode_batch(texts)` (ids without
+special tokens), `vocab_size`, `special_ids` ({"pad", "unk", "cls", "sep",
+"mask"} -> id), `is_word_start` (per id: does the piece start a word, for
+whole-word masking), `vocab_hash()` (schema.vocab_hash of the pieces in id
+order, recorded in metadata.json) and `describe()`.
+
+WordPiece is Google's algorithm, id for id as `transformers.BertTokenizer`
+with the same vocab: basic tokenization (clean, CJK, optional lower-casing
+and accent stripping, punctuation; basic_tokenizer.py), then greedy
+longest-match-first WordPiece with "##" continuations and [UNK] for words of
+more than 100 characters or with no matching pieces. It runs in Hugging Face
+`tokenizers` (Rust, batched); basic_tokenizer.py lists the rare characters
+where the two may still differ. Special-token literals in text are not kept
+whole, as in the original: "[MASK]" becomes "[", "mask", "]" (BertTokenizer
+keeps them whole unless `split_special_tokens=True`), so text never yields a
+special id other than [UNK].
+
+SentencePiece models (unigram or BPE, trained by vocab.py with BERT's
+special tokens at ids 0-4) use the `sentencepiece` library. With
+`do_lower_case` the text is lower-cased in Python before encoding (models
+trained lower-cased also fold case in their own normaliser, nmt_nfkc_cf).
+
+Tokenizers pickle to their vocab (not their path), so worker processes and
+Beam workers rebuild them without access to the vocab file.
+"""
+
+import os
+import unicodedata
+from typing import Optional, Sequence
+
+import tokenizers
+
+from bertjax.data import basic_tokenizer
+from bertjax.data import corpus
+from bertjax.data import schema
+
+KINDS = ("wordpiece", "sentencepiece")
+# special_ids keys, in schema.SPECIAL_TOKENS order.
+SPECIAL_KEYS = ("pad", "unk", "cls", "sep", "mask")
+MAX_INPUT_CHARS_PER_WORD = 100
+WORD_BOUNDARY = "\u2581"  # SentencePiece's "▁", starting a word's first piece.
+
+
+def read_vocab(path: str) -> list[str]:
+  """The tokens of a WordPiece vocab.txt (one per line) in id order."""
+  try:
+    data = corpus.read_bytes(path)
+  except (OSError, ValueError) as e:
+    raise ValueError(f"{path}: cannot read the vocab file ({e}).") from e
+  try:
+    text = data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise ValueError(
+        f"{path}: not a UTF-8 vocab.txt (bad byte at offset {e.start}); for "
+        "a SentencePiece .model use --tokenizer=sentencepiece.") from e
+  tokens = [line.rstrip("\r") for line in text.split("\n")]
+  if tokens and not tokens[-1]:
+    tokens.pop()  # The final newline.
+  first = {}
+  for i, token in enumerate(tokens):
+    if token in first:
+      raise ValueError(
+          f"{path}: line {i + 1}: token {token!r} is already on line "
+          f"{first[token] + 1}; every token must appear once.")
+    first[token] = i
+  if not tokens:
+    raise ValueError(f"{path}: the vocab file is empty.")
+  return tokens
+
+
+def _special_ids(vocab: dict[str, int], path: str,
+                 fallback: Optional[dict[str, int]] = None) -> dict[str, int]:
+  ids, missing = {}, []
+  for key, token in zip(SPECIAL_KEYS, schema.SPECIAL_TOKENS):
+    if token in vocab:
+      ids[key] = vocab[token]
+    elif fallback and fallback.get(key, -1) >= 0:
+      ids[key] = fallback[key]
+    else:
+      missing.append(token)
+  if missing:
+    raise ValueError(
+        f"{path}: the vocab lacks {', '.join(missing)}; BERT needs "
+        f"{', '.join(schema.SPECIAL_TOKENS)}. Build a vocab with "
+        "`python -m bertjax.data.vocab`, or add the missing tokens.")
+  return ids
+
+
+class Tokenizer:
+  """The interface of both tokenizers; subclasses set these fields."""
+  kind: str  # "wordpiece" or "sentencepiece".
+  path: str  # The vocab.txt or .model it was loaded from.
+  do_lower_case: bool
+  tokens: tuple[str, ...]  # Pieces in id order.
+  vocab: dict[str, int]  # Piece -> id.
+  special_ids: dict[str, int]  # SPECIAL_KEYS -> id.
+  is_word_start: tuple[bool, ...]  # Per id.
+
+  @property
+  def vocab_size(self) -> int:
+    return len(self.tokens)
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """Ids of each text, without special tokens."""
+    raise NotImplementedError
+
+  def encode(self, text: str) -> list[int]:
+    return self.encode_batch([text])[0]
+
+  def tokenize(self, text: str) -> list[str]:
+    return self.convert_ids_to_tokens(self.encode(text))
+
+  def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int]:
+    unk = self.special_ids["unk"]
+    return [self.vocab.get(t, unk) for t in tokens]
+
+  def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
+    return [self.tokens[i] for i in ids]
+
+  def vocab_hash(self) -> str:
+    return schema.vocab_hash(self.tokens)
+
+  def describe(self) -> dict:
+    """The metadata's `tokenizer` entry."""
+    return {"type": self.kind, "do_lower_case": self.do_lower_case,
+            "vocab_file": os.path.basename(self.path),
+            "vocab_size": self.vocab_size}
+
+
+class WordPieceTokenizer(Tokenizer):
+  """Google's WordPiece over a vocab.txt (see the module docstring)."""
+  kind = "wordpiece"
+
+  def __init__(self, vocab_file: str, do_lower_case: bool = True,
+               tokens: Optional[Sequence[str]] = None):
+    self.path = vocab_file
+    self.do_lower_case = bool(do_lower_case)
+    self.tokens = tuple(read_vocab(vocab_file) if tokens is None else tokens)
+    self.vocab = {t: i for i, t in enumerate(self.tokens)}
+    self.special_ids = _special_ids(self.vocab, vocab_file)
+    self.is_word_start = tuple(not t.startswith("##") for t in self.tokens)
+    self.basic = basic_tokenizer.BasicTokenizer(self.do_lower_case)
+    tok = tokenizers.Tokenizer(tokenizers.models.WordPiece(
+        self.vocab, unk_token=schema.SPECIAL_TOKENS[1],
+        max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD))
+    tok.normalizer = self.basic.normalizer
+    tok.pre_tokenizer = self.basic.pre_tokenizer
+    tok.decoder = tokenizers.decoders.WordPiece()
+    self._tokenizer = tok
+    self._encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
+
+  def __reduce__(self):
+    return (WordPieceTokenizer, (self.path, self.do_lower_case, self.tokens))
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """Ids of each text, without special tokens; runs on all cores."""
+    if not texts:
+      return []
+    texts = self.basic.prepare_batch(texts)
+    return [e.ids for e in self._encode(texts, add_special_tokens=False)]
+
+  def decode(self, ids: Sequence[int]) -> str:
+    return self._tokenizer.decode(list(ids), skip_special_tokens=False)
+
+
+class SentencePieceTokenizer(Tokenizer):
+  """A SentencePiece model with BERT's special tokens (see vocab.py)."""
+  kind = "sentencepiece"
+
+  def __init__(self, model_file: str, do_lower_case: bool = True,
+               model_proto: Optional[bytes] = None):
+    import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+    self.path = model_file
+    self.do_lower_case = bool(do_lower_case)
+    if model_proto is None:
+      try:
+        model_proto = corpus.read_bytes(model_file)
+      except (OSError, ValueError) as e:
+        raise ValueError(f"{model_file}: cannot read the SentencePiece "
+                         f"model ({e}).") from e
+    self._proto = model_proto
+    try:
+      sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    except (RuntimeError, TypeError) as e:
+      raise ValueError(
+          f"{model_file}: not a SentencePiece model ({e}); for a WordPiece "
+          "vocab.txt use --tokenizer=wordpiece.") from e
+    self._sp = sp
+    n = sp.get_piece_size()
+    self.tokens = tuple(sp.id_to_piece(i) for i in range(n))
+    self.vocab = {t: i for i, t in enumerate(self.tokens)}
+    # Models from elsewhere (ALBERT's) name padding and unknown "<pad>" and
+    # "<unk>": their declared ids stand in for [PAD] and [UNK].
+    self.special_ids = _special_ids(self.vocab, model_file,
+                                    {"pad": sp.pad_id(), "unk": sp.unk_id()})
+    # Text always starts a word with a "▁" piece: [UNK] (an unknown
+    # character) continues a word, a piece of punctuation starts one.
+    self.is_word_start = tuple(
+        t.startswith(WORD_BOUNDARY) or sp.is_control(i)
+        or (_is_punctuation_piece(t) and not sp.is_unknown(i))
+        for i, t in enumerate(self.tokens))
+
+  def __reduce__(self):
+    return (SentencePieceTokenizer,
+            (self.path, self.do_lower_case, self._proto))
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """Ids of each text, without special tokens."""
+    if not texts:
+      return []
+    if self.do_lower_case:
+      texts = [t.lower() for t in texts]
+    threads = 1 if os.environ.get("TOKENIZERS_PARALLELISM") == "false" else -1
+    return self._sp.encode(list(texts), out_type=int, num_threads=threads)
+
+  def decode(self, ids: Sequence[int]) -> str:
+    return self._sp.decode(list(ids))
+
+
+def _is_punctuation_piece(piece: str) -> bool:
+  """A piece of punctuation only: a word of its own, as in WordPiece."""
+  return bool(piece) and all(
+      unicodedata.category(c).startswith("P") or (c.isascii() and
+                                                   not c.isalnum())
+      for c in piece)
+
+
+def load_tokenizer(kind: str, path: str,
+                   do_lower_case: bool = True) -> Tokenizer:
+  """A WordPiece (vocab.txt) or SentencePiece (.model) tokenizer."""
+  if kind == "wordpiece":
+    if path.endswith(".model"):
+      raise ValueError(f"--vocab_file={path}: looks like a SentencePiece "
+                       "model; use --tokenizer=sentencepiece.")
+    return WordPieceTokenizer(path, do_lower_case)
+  if kind == "sentencepiece":
+    return SentencePieceTokenizer(path, do_lower_case)
+  raise ValueError(f"--tokenizer={kind}: must be one of {', '.join(KINDS)}.")

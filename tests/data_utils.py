@@ -1,0 +1,125 @@
+"""Writes small, valid pretraining datasets for tests.
+
+`write_dataset` writes TFRecord shards of random BERT examples with
+TensorFlow's own writer (so they are what the original release's tools
+write), a `<shard>.index` of record offsets beside each and `metadata.json`,
+and returns the examples it wrote so tests can check what they read back.
+Ids 0..4 are [PAD] [UNK] [CLS] [SEP] [MASK]; the other ids are words.
+"""
+
+import os
+from typing import Any
+
+import numpy as np
+
+from bertjax.data import schema
+
+SPECIAL_IDS = {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}
+FIRST_WORD_ID = 5
+
+
+def vocab_tokens(vocab_size: int) -> list[str]:
+  """The test vocabulary (its hash goes into metadata.json)."""
+  return list(schema.SPECIAL_TOKENS) + [f"w{i}" for i in range(FIRST_WORD_ID, vocab_size)]
+
+
+def make_example(rng: np.random.Generator, max_seq_length: int, max_pred: int,
+                 vocab_size: int, premasked: bool, min_length: int) -> dict[str, Any]:
+  """One random example in the record layout, plus its unmasked ids."""
+  n = int(rng.integers(min_length, max_seq_length + 1))
+  num_a = int(rng.integers(1, n - 3))  # [CLS] a [SEP] b [SEP], b non-empty.
+  words = rng.integers(FIRST_WORD_ID, vocab_size, n - 3)
+  ids = np.concatenate(([SPECIAL_IDS["cls"]], words[:num_a], [SPECIAL_IDS["sep"]],
+                        words[num_a:], [SPECIAL_IDS["sep"]])).astype(np.int64)
+  original = ids.copy()
+  positions = np.zeros(0, np.int64)
+  if premasked:
+    maskable = np.flatnonzero(ids >= FIRST_WORD_ID)
+    k = min(max_pred, max(1, round(n * 0.15)), len(maskable))
+    positions = np.sort(rng.choice(maskable, k, replace=False))
+    for p in positions:
+      u = rng.random()
+      if u < 0.8:
+        ids[p] = SPECIAL_IDS["mask"]
+      elif u < 0.9:
+        ids[p] = rng.integers(FIRST_WORD_ID, vocab_size)
+  k = len(positions)
+
+  def pad(values, length, dtype=np.int64):
+    out = np.zeros(length, dtype)
+    out[:len(values)] = values
+    return out
+  segments = np.concatenate((np.zeros(num_a + 2), np.ones(n - num_a - 2)))
+  return {
+      "input_ids": pad(ids, max_seq_length),
+      "input_mask": pad(np.ones(n), max_seq_length),
+      "segment_ids": pad(segments, max_seq_length),
+      "masked_lm_positions": pad(positions, max_pred),
+      "masked_lm_ids": pad(original[positions], max_pred),
+      "masked_lm_weights": pad(np.ones(k), max_pred, np.float32),
+      "next_sentence_labels": np.array([rng.integers(0, 2)], np.int64),
+      "original_input_ids": pad(original, max_seq_length),
+  }
+
+
+def serialize(example: dict[str, Any]) -> bytes:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  feature = {}
+  for name, (dtype, _) in schema.FEATURES.items():
+    values = example[name]
+    feature[name] = (tf.train.Feature(float_list=tf.train.FloatList(value=values))
+                     if dtype == "float32" else
+                     tf.train.Feature(int64_list=tf.train.Int64List(value=values)))
+  return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+
+
+def write_dataset(directory: str, num_files: int, records_per_file: int,
+                  max_seq_length: int, max_pred: int, vocab_size: int, seed: int, *,
+                  premasked: bool = True, with_index: bool = True,
+                  with_metadata: bool = True, min_length: int = 8
+                  ) -> list[dict[str, Any]]:
+  """Writes the dataset; returns its examples in file order.
+
+  Each returned example also has "original_input_ids" (before masking),
+  "file" (shard path) and "record" (number within the shard).
+  `records_per_file` may be an int or a list with one count per file.
+  """
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  os.makedirs(directory, exist_ok=True)
+  counts = ([records_per_file] * num_files if isinstance(records_per_file, int)
+            else list(records_per_file))
+  rng = np.random.default_rng(seed)
+  examples, files_meta, num_tokens = [], [], 0
+  for i, count in enumerate(counts):
+    name = f"part-{i:05d}-of-{num_files:05d}.tfrecord"
+    path = os.path.join(directory, name)
+    offsets, pos = [], 0
+    with tf.io.TFRecordWriter(path) as writer:
+      for r in range(count):
+        ex = make_example(rng, max_seq_length, max_pred, vocab_size, premasked,
+                          min(min_length, max_seq_length))
+        data = serialize(ex)
+        writer.write(data)
+        offsets.append(pos)
+        pos += len(data) + 16
+        ex.update(file=path, record=r)
+        examples.append(ex)
+        num_tokens += int(ex["input_mask"].sum())
+    if with_index:
+      np.asarray(offsets, "<i8").tofile(path + ".index")
+    files_meta.append({"name": name, "num_instances": count})
+  if with_metadata:
+    schema.write_metadata(directory, schema.DatasetMetadata(
+        max_seq_length=max_seq_length, max_predictions_per_seq=max_pred,
+        vocab_size=vocab_size, vocab_hash=schema.vocab_hash(vocab_tokens(vocab_size)),
+        special_ids=dict(SPECIAL_IDS), tokenizer={"type": "test"},
+        masking={"masked_lm_prob": 0.15, "whole_word_mask": False,
+                 "premasked": premasked},
+        num_instances=len(examples), num_tokens=num_tokens, random_seed=seed,
+        source="tests/data_utils.py", files=files_meta))
+  return examples
+
+
+def example_id(input_ids) -> bytes:
+  """A key that tells examples apart (their ids are random)."""
+  return np.asarray(input_ids, np.int64).tobytes()

@@ -1,0 +1,49 @@
+"""The layering rules: model and train step import without TensorFlow, and
+lower layers never import higher ones."""
+
+import ast
+import os
+import subprocess
+import sys
+
+import pytest
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_LAYERS = ("data", "model", "train", "convert")
+
+
+def test_model_and_train_step_import_without_tensorflow():
+  code = ("import sys\n"
+          "import bertjax.model.bert, bertjax.train.step, bertjax.train.state\n"
+          "import bertjax.train.loop, bertjax.benchmark\n"
+          "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
+          "('tensorflow', 'tensorflow_datasets'))\n"
+          "print(bad[:5]); sys.exit(1 if bad else 0)\n")
+  result = subprocess.run([sys.executable, "-c", code], cwd=_ROOT, capture_output=True,
+                          text=True, timeout=300, check=False)
+  assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _imports(path):
+  with open(path, encoding="utf-8") as f:
+    tree = ast.parse(f.read(), path)
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom) and node.module:
+      yield node.module
+    elif isinstance(node, ast.Import):
+      yield from (alias.name for alias in node.names)
+
+
+@pytest.mark.parametrize("layer", _LAYERS)
+def test_layers_import_only_downward(layer):
+  allowed = set(_LAYERS[:_LAYERS.index(layer) + 1])
+  directory = os.path.join(_ROOT, "bertjax", layer)
+  bad = []
+  for name in sorted(os.listdir(directory)):
+    if not name.endswith(".py"):
+      continue
+    for module in _imports(os.path.join(directory, name)):
+      parts = module.split(".")
+      if parts[0] == "bertjax" and len(parts) > 1 and parts[1] not in allowed:
+        bad.append(f"bertjax/{layer}/{name} imports {module}")
+  assert not bad, bad

@@ -1,0 +1,109 @@
+"""Tests of the hand-written Example encoder, TFRecord framing and indexes."""
+
+import os
+import random
+
+import numpy as np
+import pytest
+
+from bertjax.data import records
+from bertjax.data import schema
+
+tf = pytest.importorskip("tensorflow")
+
+
+def _feature_spec(max_seq_length, max_predictions_per_seq):
+  spec = {}
+  for name, (dtype, _) in schema.FEATURES.items():
+    length = schema.feature_length(name, max_seq_length, max_predictions_per_seq)
+    spec[name] = tf.io.FixedLenFeature(
+        [length], tf.float32 if dtype == "float32" else tf.int64)
+  return spec
+
+
+def _random_instances(seed, count, max_seq_length, max_pred, vocab_size):
+  rng = random.Random(seed)
+  out = []
+  for _ in range(count):
+    n = rng.randint(5, max_seq_length)
+    num_a = rng.randint(1, n - 4)
+    ids = [rng.randint(0, vocab_size - 1) for _ in range(n)]
+    k = rng.randint(1, min(max_pred, n - 3))
+    cand = [p for p in range(1, n - 1) if p != num_a + 1]
+    pos = sorted(rng.sample(cand, k))
+    labels = [rng.randint(0, vocab_size - 1) for _ in pos]
+    out.append((ids, num_a, pos, labels, rng.random() < 0.5))
+  return out
+
+
+@pytest.mark.parametrize("max_seq_length,max_pred,vocab_size",
+                         [(128, 20, 30522), (512, 80, 250_000), (8, 2, 6)])
+def test_encoder_bytes_equal_tensorflow_and_parse_identically(
+    max_seq_length, max_pred, vocab_size):
+  enc = records.ExampleEncoder(max_seq_length, max_pred, vocab_size)
+  spec = _feature_spec(max_seq_length, max_pred)
+  for inst in _random_instances(0, 50, max_seq_length, max_pred, vocab_size):
+    data = enc.encode(*inst)
+    features = records.features_of(*inst, max_seq_length, max_pred)
+    reference = records.tf_example_bytes(features)
+    assert data == reference
+    parsed = tf.io.parse_single_example(data, spec)
+    for name, values in features.items():
+      np.testing.assert_array_equal(parsed[name].numpy(), np.asarray(values))
+    decoded = records.decode_example(data)
+    for name, values in features.items():
+      np.testing.assert_array_equal(decoded[name], np.asarray(values))
+
+
+def test_encoder_rejects_oversized_instances():
+  enc = records.ExampleEncoder(8, 2, 100)
+  with pytest.raises(ValueError, match="max_seq_length=8"):
+    enc.encode(list(range(9)), 1, [1], [5], False)
+  with pytest.raises(ValueError, match="max_predictions_per_seq=2"):
+    enc.encode(list(range(8)), 1, [1, 2, 3], [5, 6, 7], False)
+
+
+def test_framing_matches_tf_record_writer(tmp_path):
+  payloads = [os.urandom(n) for n in (0, 1, 100, 5000)]
+  ref = str(tmp_path / "ref.tfrecord")
+  with tf.io.TFRecordWriter(ref) as w:
+    for p in payloads:
+      w.write(p)
+  ours = str(tmp_path / "ours.tfrecord")
+  assert records.write_shard(ours, payloads) == len(payloads)
+  with open(ref, "rb") as a, open(ours, "rb") as b:
+    assert a.read() == b.read()
+  assert list(records.iter_records(ours)) == payloads
+  assert [r.numpy() for r in tf.data.TFRecordDataset(ours)] == payloads
+
+
+def test_index_gives_record_offsets(tmp_path):
+  enc = records.ExampleEncoder(64, 10, 1000)
+  data = [enc.encode(*i) for i in _random_instances(1, 200, 64, 10, 1000)]
+  path = str(tmp_path / records.shard_name(3, 8))
+  assert path.endswith("part-00003-of-00008.tfrecord")
+  records.write_shard(path, data)
+  offsets = records.read_index(path)
+  assert offsets.dtype == np.dtype("<i8") and len(offsets) == 200
+  assert os.path.getsize(records.index_path(path)) == 8 * 200
+  with open(path, "rb") as f:
+    for i in (0, 17, 199):
+      assert records.read_record_at(f, int(offsets[i])) == data[i]
+  assert records.check_index(path, 200) == 200
+  assert not [n for n in os.listdir(tmp_path) if ".tmp" in n]
+
+
+def test_corrupt_record_is_detected(tmp_path):
+  path = str(tmp_path / "x.tfrecord")
+  records.write_shard(path, [b"hello world"])
+  with open(path, "r+b") as f:
+    f.seek(14)
+    f.write(b"J")
+  with pytest.raises(ValueError, match="crc mismatch"):
+    list(records.iter_records(path))
+
+
+def test_empty_shard(tmp_path):
+  path = str(tmp_path / "e.tfrecord")
+  assert records.write_shard(path, []) == 0
+  assert os.path.getsize(path) == 0 and len(records.read_index(path)) == 0
