@@ -9,7 +9,6 @@ JAX_PLATFORMS=cpu) and prints the per-chip memory the program needs, which
 proves that it compiles and fits before any TPU is booked.
 """
 
-import functools
 import time
 
 from absl import app
@@ -58,14 +57,6 @@ def _setup(config, devices):
   return model_config, phase, mesh, rules, BertForPreTraining(model_config), tx
 
 
-def _jit_step(config, shardings, mesh):
-  return jax.jit(
-      functools.partial(step_lib.train_step,
-                        grad_accum_steps=config.optimizer.grad_accum_steps),
-      in_shardings=(shardings, sharding_lib.batch_sharding(mesh), sharding_lib.replicated(mesh)),
-      out_shardings=(shardings, sharding_lib.replicated(mesh)), donate_argnums=0)
-
-
 def _gib(n):
   return f"{n / 2**30:.2f} GiB"
 
@@ -85,7 +76,9 @@ def compile_for_topology(config):
     rng = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype,
                                sharding=sharding_lib.replicated(mesh))
     t0 = time.perf_counter()
-    compiled = _jit_step(config, shardings, mesh).lower(abstract_state, batch, rng).compile()
+    step_fn = step_lib.jit_train_step(
+        shardings, mesh, grad_accum_steps=config.optimizer.grad_accum_steps)
+    compiled = step_fn.lower(abstract_state, batch, rng).compile()
     seconds = time.perf_counter() - t0
   mem = compiled.memory_analysis()
   print(f"topology        {_TOPOLOGY.value} ({len(devices)} chips, {devices[0].device_kind})")
@@ -116,7 +109,9 @@ def run_benchmark(config):
   rng = jax.random.key(1)
   with sharding_lib.mesh_context(mesh, rules):
     t0 = time.perf_counter()
-    step_fn = _jit_step(config, shardings, mesh).lower(state, batch, rng).compile()
+    step_fn = step_lib.jit_train_step(
+        shardings, mesh, grad_accum_steps=config.optimizer.grad_accum_steps)
+    step_fn = step_fn.lower(state, batch, rng).compile()
     compile_s = time.perf_counter() - t0
     for _ in range(_WARMUP.value):
       state, metrics = step_fn(state, batch, rng)

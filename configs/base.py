@@ -43,6 +43,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.source = "tfrecord"  # tfrecord | synthetic (random tokens, for benchmarks).
   config.data.demo_dir = ""  # If set, build the pydoc demo corpus and TFRecords there when absent and train on them.
   config.data.vocab_hash = ""  # If set, must equal the vocab hash in each phase's metadata.json.
+  config.data.order = "files"  # files: hosts read disjoint files; global: one order for any host count (resume on a different slice size).
+  config.data.shuffle_block = 1  # Records moved together when shuffling; larger reads faster from gs://.
   config.data.skip_corrupt = False  # Skip and count corrupt records instead of stopping with the file's name.
   config.data.dynamic_masking = False  # Re-mask on the fly each epoch (RoBERTa style) instead of the stored masks.
   config.data.masked_lm_prob = 0.15  # Masking rate used by dynamic masking.

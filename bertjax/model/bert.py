@@ -12,6 +12,10 @@ import jax.numpy as jnp
 from bertjax.model.config import BertConfig
 from bertjax.model.layers import Embeddings, Encoder, dense, layer_norm
 
+# The masked positions' hidden states: split over the batch like the
+# encoder's activations, whole along the hidden axis.
+BATCH_PREDICTIONS_EMBED = ("activation_batch", None, "activation_embed")
+
 
 def attention_mask(input_mask_BxL):
   """[B, L] 0/1 padding mask -> boolean key mask [B, 1, 1, L]."""
@@ -45,6 +49,11 @@ class MaskedLMHead(nn.Module):
     h = dense(c, c.hidden_size, ("embed", "hidden"), "transform")(x_BxPxD)
     h = nn.gelu(h, approximate=False)
     h = layer_norm(c, "transform_layer_norm")(h)
+    # Without this constraint the partitioner may lay h out along the word
+    # table's embed sharding (fsdp) while the batch is split over fsdp too;
+    # XLA then computes wrong decoder gradients on data x fsdp x tensor
+    # meshes (jax 0.10.2), so the layout is fixed here.
+    h = nn.with_logical_constraint(h, BATCH_PREDICTIONS_EMBED)
     bias_V = self.param(
         "output_bias",
         nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",)),

@@ -38,8 +38,14 @@ class Checkpointer:
     return self._manager.latest_step()
 
   def save(self, state: TrainState, meta: dict[str, Any], *, force: bool = True) -> bool:
-    """Starts saving `state` at its step; returns at once when async."""
+    """Starts saving `state` at its step; returns at once when async.
+
+    A step that is already saved (e.g. a preemption right after a periodic
+    save) is not written again; returns False then.
+    """
     step = int(jax.device_get(state.step))
+    if step in self._manager.all_steps():
+      return False
     meta = dict(meta, step=step)
     return self._manager.save(step, args=ocp.args.Composite(
         params=ocp.args.StandardSave(state.params),
@@ -48,7 +54,11 @@ class Checkpointer:
 
   def restore(self, state: TrainState, shardings: TrainState,
               step: Optional[int] = None) -> tuple[TrainState, dict[str, Any]]:
-    """The checkpoint at `step` (default latest), placed like `state`."""
+    """The checkpoint at `step` (default latest), placed by `shardings`.
+
+    `state` gives the structure, shapes and dtypes: a TrainState of arrays or
+    of jax.ShapeDtypeStructs (nothing needs to be initialised first).
+    """
     step = self.latest_step() if step is None else step
     restored = self._manager.restore(step, args=ocp.args.Composite(
         params=ocp.args.StandardRestore(_abstract(state.params, shardings.params)),

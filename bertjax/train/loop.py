@@ -7,20 +7,18 @@ preemption. Restarting with the same workdir resumes from the latest
 complete checkpoint, in the right phase at the right data position.
 """
 
-import collections
 import dataclasses
-import functools
 import json
 import os
 import signal
 import threading
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import jax
 import ml_collections
-import numpy as np
 from absl import logging
 
+from bertjax.data import pipeline
 from bertjax.data import schema
 from bertjax.data.synthetic import SyntheticSource
 from bertjax.model.bert import BertForPreTraining
@@ -34,7 +32,9 @@ from bertjax.train import state as state_lib
 from bertjax.train import step as step_lib
 from bertjax.train.logger import MetricLogger, first_nonfinite, quiet_library_logs
 
-# (path, abstract params, model config) -> params, for config.init_from.
+# (path, abstract params, model config) -> params, for config.init_from, e.g.
+# bertjax.convert.weights.load_weights (bertjax checkpoints and Hugging Face
+# model directories; the train layer does not import the convert layer).
 WeightsLoader = Callable[[str, Any, BertConfig], Any]
 
 
@@ -77,11 +77,6 @@ def _train_source(config, phase, model_config: BertConfig):
         max_predictions_per_seq=phase.max_predictions_per_seq,
         vocab_size=model_config.vocab_size, seed=config.seed + phase.index,
         process_index=jax.process_index(), process_count=jax.process_count())
-  from bertjax.data import pipeline  # pylint: disable=g-import-not-at-top
-  pipeline.check_metadata(
-      phase.train_files, max_seq_length=phase.max_seq_length,
-      max_predictions_per_seq=phase.max_predictions_per_seq,
-      vocab_size=model_config.vocab_size, vocab_hash=config.data.vocab_hash or None)
   masking = ({"masked_lm_prob": config.data.masked_lm_prob}
              if config.data.dynamic_masking else None)
   return pipeline.TrainSource(
@@ -89,20 +84,9 @@ def _train_source(config, phase, model_config: BertConfig):
       max_predictions_per_seq=phase.max_predictions_per_seq,
       seed=config.seed + phase.index, process_index=jax.process_index(),
       process_count=jax.process_count(), skip_corrupt=config.data.skip_corrupt,
-      dynamic_masking=masking)
-
-
-def device_batches(host_batches: Iterator[dict], sharding, size: int) -> Iterator[dict]:
-  """Host batches -> global jax.Arrays, keeping `size` transfers in flight."""
-  def to_global(batch):
-    return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
-  queue = collections.deque()
-  for batch in host_batches:
-    queue.append(to_global(batch))
-    if len(queue) > size:
-      yield queue.popleft()
-  while queue:
-    yield queue.popleft()
+      dynamic_masking=masking, order=config.data.order,
+      shuffle_block=config.data.shuffle_block, vocab_size=model_config.vocab_size,
+      vocab_hash=config.data.vocab_hash or None)
 
 
 class _Preemption:
@@ -158,34 +142,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     checkpointer.close()
     return _read_json(summary_path)
 
-  state, shardings = state_lib.create_train_state(model, tx, mesh, rules, init_rng)
-  if latest is not None:
-    state, meta = checkpointer.restore(state, shardings, latest)
-    dropout_rng = ckpt_lib.rng_from_json(meta["rng"])
-    logging.info("Resumed from the checkpoint at step %d (phase %s, data step %d).",
-                 latest, meta["phase"], meta["data_step"])
-  elif config.init_from:
-    if weights_loader is None:
-      raise ValueError("--config.init_from needs a weights loader")
-    abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                            state.params, shardings.params)
-    params = weights_loader(config.init_from, abstract, model_config)
-    state, shardings = state_lib.create_train_state(model, tx, mesh, rules, init_rng,
-                                                    params=params)
-    logging.info("Started from the weights in %s at step 0.", config.init_from)
-  else:
-    logging.info("Started from a fresh initialisation (seed %d).", config.seed)
+  try:
+    state, shardings, dropout_rng = _initial_state(
+        config, model, tx, mesh, rules, checkpointer, latest, init_rng, dropout_rng,
+        model_config, weights_loader)
+  except BaseException:
+    checkpointer.close()
+    raise
 
   logger = MetricLogger(workdir, model_config, config.total_steps,
                         config.logging.peak_tflops)
   preemption = _Preemption()
   batch_sharding = sharding_lib.batch_sharding(mesh)
   replicated = sharding_lib.replicated(mesh)
-  p_train = jax.jit(
-      functools.partial(step_lib.train_step,
-                        grad_accum_steps=config.optimizer.grad_accum_steps),
-      in_shardings=(shardings, batch_sharding, replicated),
-      out_shardings=(shardings, replicated), donate_argnums=0)
+  p_train = step_lib.jit_train_step(
+      shardings, mesh, grad_accum_steps=config.optimizer.grad_accum_steps)
   evaluator = eval_lib.Evaluator(shardings, batch_sharding, replicated)
   summary: dict[str, Any] = {"phases": {}}
 
@@ -216,6 +187,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     checkpointer.save(state, meta_for(step))
     return window
 
+  def preempted(step) -> bool:
+    """Saves and says so when a preemption was announced (a sync point on every host)."""
+    if not (preemption.requested.is_set() or checkpointer.reached_preemption(step)):
+      return False
+    save(step)
+    checkpointer.wait()
+    logging.warning("Stopped for preemption at step %d; rerun to resume.", step)
+    return True
+
   try:
     with sharding_lib.mesh_context(mesh, rules):
       for phase in plan:
@@ -225,34 +205,38 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                      phase.name, phase.start, phase.end, phase.max_seq_length,
                      phase.max_predictions_per_seq, phase.global_batch_size)
         source = _train_source(config, phase, model_config)
-        batches = device_batches(source.iterate(step - phase.start), batch_sharding,
-                                 config.data.prefetch)
+        batches = pipeline.prefetch_to_device(
+            source.iterate(step - phase.start), batch_sharding, config.data.prefetch)
         window: list[dict] = []
         logger.start_window(step)
-        while step < phase.end:
-          state, metrics = p_train(state, next(batches), dropout_rng)
-          pending.append((step + 1, metrics))
-          step += 1
-          if step % config.logging.every_steps == 0 or step == phase.end:
-            drain(window)
-            logger.log_train(step, phase, window, float(schedule(step - 1)))
-            window = []
-          if step % config.checkpoint.every_steps == 0 and step != phase.end:
-            window.extend(save(step))
-          if (config.logging.eval_every_steps and phase.eval_files and step != phase.end
-              and step % config.logging.eval_every_steps == 0):
-            logger.write(step, _evaluate(evaluator, config, phase, state), prefix="eval")
-          if preemption.requested.is_set() or checkpointer.reached_preemption(step):
-            save(step)
-            checkpointer.wait()
-            logging.warning("Stopped for preemption at step %d; rerun to resume.", step)
-            return {"preempted_at_step": step}
+        try:
+          while step < phase.end:
+            state, metrics = p_train(state, next(batches), dropout_rng)
+            pending.append((step + 1, metrics))
+            step += 1
+            if step % config.logging.every_steps == 0 or step == phase.end:
+              drain(window)
+              logger.log_train(step, phase, window, float(schedule(step - 1)))
+              window = []
+            if step == phase.end:
+              break  # The phase's own save and evaluation follow.
+            if step % config.checkpoint.every_steps == 0:
+              window.extend(save(step))
+            if (config.logging.eval_every_steps and phase.eval_files
+                and step % config.logging.eval_every_steps == 0):
+              logger.write(step, _evaluate(evaluator, config, phase, state), prefix="eval")
+            if preempted(step):
+              return {"preempted_at_step": step}
+        finally:
+          batches.close()
         save(step)
         phase_summary = {"steps": phase.num_steps}
         if phase.eval_files:
           phase_summary["eval"] = _evaluate(evaluator, config, phase, state)
           logger.write(step, phase_summary["eval"], prefix=f"eval_{phase.name}")
         summary["phases"][phase.name] = phase_summary
+        if step < plan[-1].end and preempted(step):
+          return {"preempted_at_step": step}
   finally:
     checkpointer.close()
     logger.close()
@@ -266,13 +250,41 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   return summary
 
 
+def _initial_state(config, model, tx, mesh, rules, checkpointer, latest, init_rng,
+                   dropout_rng, model_config, weights_loader):
+  """The state to start from: the latest checkpoint, init_from's weights or a fresh init.
+
+  A resumed run reads its state straight into the abstract (sharded) state,
+  and init_from reads its weights before anything is initialised. Returns
+  (state, its shardings, the run's dropout key).
+  """
+  abstract, shardings = state_lib.abstract_train_state(model, tx, mesh, rules)
+  if latest is not None:
+    state, meta = checkpointer.restore(abstract, shardings, latest)
+    logging.info("Resumed from the checkpoint at step %d (phase %s, data step %d).",
+                 latest, meta["phase"], meta["data_step"])
+    return state, shardings, ckpt_lib.rng_from_json(meta["rng"])
+  if config.init_from:
+    if weights_loader is None:
+      raise ValueError("--config.init_from: pass train_and_evaluate a weights_loader, e.g. "
+                       "bertjax.convert.weights.load_weights as bertjax.main does")
+    params = weights_loader(config.init_from, abstract.params, model_config)
+    state, shardings = state_lib.create_train_state(model, tx, mesh, rules, init_rng,
+                                                    params=params)
+    logging.info("Started from the weights in %s at step 0.", config.init_from)
+    return state, shardings, dropout_rng
+  state, shardings = state_lib.create_train_state(model, tx, mesh, rules, init_rng)
+  logging.info("Started from a fresh initialisation (seed %d).", config.seed)
+  return state, shardings, dropout_rng
+
+
 def _evaluate(evaluator, config, phase, state) -> dict[str, float]:
-  from bertjax.data import pipeline  # pylint: disable=g-import-not-at-top
   batches = pipeline.eval_batches(
       phase.eval_files, phase.global_batch_size, max_seq_length=phase.max_seq_length,
       max_predictions_per_seq=phase.max_predictions_per_seq,
       process_index=jax.process_index(), process_count=jax.process_count(),
-      max_batches=config.logging.eval_batches or None)
+      max_batches=config.logging.eval_batches or None,
+      skip_corrupt=config.data.skip_corrupt)
   result = evaluator.run(state, batches)
   logging.info("eval [%s] %s", phase.name,
                "  ".join(f"{k} {v:.4f}" for k, v in sorted(result.items())))

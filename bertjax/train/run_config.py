@@ -18,8 +18,8 @@ _GROUPS = {
     "": {"seed", "total_steps", "init_from", "model", "data", "phases", "optimizer",
          "mesh", "checkpoint", "logging"},
     "model": {f.name for f in dataclasses.fields(BertConfig)},
-    "data": {"source", "demo_dir", "vocab_hash", "skip_corrupt", "dynamic_masking",
-             "masked_lm_prob", "prefetch"},
+    "data": {"source", "demo_dir", "vocab_hash", "order", "shuffle_block", "skip_corrupt",
+             "dynamic_masking", "masked_lm_prob", "prefetch"},
     "optimizer": {"name", "learning_rate", "b1", "b2", "eps", "weight_decay",
                   "bias_correction", "clip_norm", "warmup_steps", "end_learning_rate",
                   "per_phase_warmup", "grad_accum_steps"},
@@ -117,6 +117,12 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: Optional[int] = 
     raise ConfigError(f"--config.{e}") from None
   if config.data.source not in ("tfrecord", "synthetic"):
     _fail("data.source", f"{config.data.source!r} is not one of 'tfrecord', 'synthetic'")
+  if config.data.order not in ("files", "global"):
+    _fail("data.order", f"{config.data.order!r} is not one of 'files', 'global'")
+  if config.data.shuffle_block < 1:
+    _fail("data.shuffle_block", f"must be at least 1, got {config.data.shuffle_block}")
+  if config.data.dynamic_masking and not 0.0 < config.data.masked_lm_prob < 1.0:
+    _fail("data.masked_lm_prob", f"must be in (0, 1), got {config.data.masked_lm_prob}")
   if config.optimizer.name not in ("adamw", "lamb"):
     _fail("optimizer.name", f"{config.optimizer.name!r} is not one of 'adamw', 'lamb'")
   if config.optimizer.grad_accum_steps < 1:

@@ -10,6 +10,7 @@ add up to exactly the gradient of the whole batch: every micro-batch loss is
 divided by the whole batch's weight totals.
 """
 
+import functools
 from typing import Any
 
 import jax
@@ -17,6 +18,7 @@ import jax.numpy as jnp
 import optax
 
 from bertjax.data.schema import EXAMPLE_WEIGHT_KEY
+from bertjax.train import sharding as sharding_lib
 from bertjax.train.sharding import BATCH_AXES
 from bertjax.train.state import TrainState
 
@@ -100,7 +102,7 @@ def train_step(state: TrainState, batch: Batch, rng, *, grad_accum_steps: int = 
   updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   metrics = _summarise(sums)
-  metrics["grad_norm"] = optax.global_norm(grads)
+  metrics["grad_norm"] = optax.tree.norm(grads)
   # A non-finite loss or gradient leaves parameters and optimizer state as
   # they were; the loop sees `finite` and stops with the step's number, so a
   # non-finite state never exists to be checkpointed.
@@ -109,7 +111,7 @@ def train_step(state: TrainState, batch: Batch, rng, *, grad_accum_steps: int = 
   params = jax.tree.map(keep, params, state.params)
   opt_state = jax.tree.map(keep, opt_state, state.opt_state)
   metrics["finite"] = finite
-  metrics["param_norm"] = optax.global_norm(params)
+  metrics["param_norm"] = optax.tree.norm(params)
   new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
   return new_state, metrics
 
@@ -117,6 +119,19 @@ def train_step(state: TrainState, batch: Batch, rng, *, grad_accum_steps: int = 
 def eval_step(state: TrainState, batch: Batch) -> dict[str, jax.Array]:
   """Weighted sums over one eval batch; the loop adds them up and divides."""
   return loss_sums(state.params, state.apply_fn, batch, None, deterministic=True)
+
+
+def jit_train_step(state_shardings: TrainState, mesh, *, grad_accum_steps: int = 1):
+  """train_step jitted with the state's and the batch's shardings; the state is donated.
+
+  Call it under sharding.mesh_context(mesh, rules) so that the model's
+  logical constraints resolve.
+  """
+  return jax.jit(
+      functools.partial(train_step, grad_accum_steps=grad_accum_steps),
+      in_shardings=(state_shardings, sharding_lib.batch_sharding(mesh),
+                    sharding_lib.replicated(mesh)),
+      out_shardings=(state_shardings, sharding_lib.replicated(mesh)), donate_argnums=0)
 
 
 def _summarise(sums: dict[str, jax.Array]) -> dict[str, jax.Array]:

@@ -1,0 +1,45 @@
+"""Runs a test file's JAX work in a fresh child process and returns its JSON result.
+
+XLA reads its flags (the number of fake CPU devices among them) once, when
+JAX starts, so work that needs its own device count runs in a child. Children
+also compile with LLVM optimisation off, which makes the CPU compiles of the
+tiny test models several times faster, and share a persistent compilation
+cache, so a program compiled by one child is loaded, not compiled, by the
+next. The child is the test file run as a script: its `__main__` block prints
+its result as JSON on the last line of stdout.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cache_dir(tmp_path_factory) -> str:
+  """A compilation cache shared by the pytest workers of one run."""
+  base = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    base = base.parent  # The run's directory, above the per-worker ones.
+  path = os.path.join(str(base), "xla-cache")
+  os.makedirs(path, exist_ok=True)
+  return path
+
+
+def run(script: str, payload: Any, *, cache: str, devices: int = 1,
+        timeout: int = 400) -> tuple[Any, str]:
+  """Runs `python script JSON(payload)`; returns (its JSON result, its stderr)."""
+  env = dict(
+      os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO,
+      XLA_FLAGS=(f"--xla_force_host_platform_device_count={devices} "
+                 "--xla_backend_optimization_level=0"),
+      JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.2",
+      # A size limit makes the cache take a file lock around reads and writes,
+      # so that children running side by side never read a half-written entry.
+      JAX_COMPILATION_CACHE_MAX_SIZE=str(2**30))
+  done = subprocess.run([sys.executable, script, json.dumps(payload)], env=env,
+                        capture_output=True, text=True, timeout=timeout, check=False)
+  assert done.returncode == 0, f"{script} failed:\n{done.stderr[-6000:]}"
+  return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr

@@ -1,0 +1,340 @@
+"""Unit tests of the BERT model on tiny configs (CPU, fp32 unless stated)."""
+
+import functools
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bertjax.model import layers
+from bertjax.model.bert import BertForPreTraining
+from bertjax.model.config import BASE, LARGE, BertConfig
+
+BATCH, LENGTH, PREDICTIONS = 3, 16, 4
+TINY = dict(vocab_size=97, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
+            max_position_embeddings=32)
+OUTPUT_KEYS = ("sequence_output", "pooled_output", "mlm_logits", "nsp_logits")
+
+
+def tiny(**changes) -> BertConfig:
+  return BertConfig(**{**TINY, **changes})
+
+
+def make_batch(seed=0, vocab_size=TINY["vocab_size"]):
+  rng = np.random.default_rng(seed)
+  lengths = np.array([LENGTH, 11, 6])
+  mask = (np.arange(LENGTH)[None, :] < lengths[:, None]).astype(np.int32)
+  ids = rng.integers(5, vocab_size, (BATCH, LENGTH)).astype(np.int32) * mask
+  segments = ((np.arange(LENGTH)[None, :] >= lengths[:, None] // 2) * mask).astype(np.int32)
+  positions = np.stack([np.sort(rng.choice(n, PREDICTIONS, replace=False)) for n in lengths])
+  return dict(input_ids=ids, input_mask=mask, segment_ids=segments,
+              masked_lm_positions=positions.astype(np.int32))
+
+
+@functools.lru_cache(maxsize=None)
+def init_params(config: BertConfig, seed: int = 0):
+  """Random params shaped like BertForPreTraining(config).init (values from numpy).
+
+  eval_shape plus numpy avoids compiling init; every weight is random, biases
+  and LayerNorm included, so no parameter is trivially inert.
+  """
+  rng = np.random.default_rng(seed)
+
+  def fill(path, leaf):
+    x = rng.normal(0.0, 0.05, leaf.shape).astype(leaf.dtype)
+    return x + 1 if path[-1].key == "scale" else x
+  return jax.tree_util.tree_map_with_path(fill, nn.unbox(_abstract_params(config)))
+
+
+@functools.lru_cache(maxsize=None)
+def _apply_fn(config: BertConfig, deterministic: bool):
+  def run(params, batch, rng):
+    return BertForPreTraining(config).apply(params, **batch, deterministic=deterministic,
+                                            rngs={"dropout": rng})
+  return jax.jit(run)
+
+
+def apply(config, params, batch, *, deterministic=True, rng=0):
+  out = _apply_fn(config, deterministic)(params, batch, jax.random.key(rng))
+  return jax.tree.map(np.asarray, out)
+
+
+def unroll(params, num_layers):
+  """Scanned params (encoder/layers stacked) -> the unrolled layout (encoder/layer_{i})."""
+  encoder = dict(params["params"]["bert"]["encoder"])
+  stacked = encoder.pop("layers")
+  for i in range(num_layers):
+    encoder[f"layer_{i}"] = jax.tree.map(lambda x, i=i: x[i], stacked)
+  bert = dict(params["params"]["bert"], encoder=encoder)
+  return {"params": dict(params["params"], bert=bert)}
+
+
+def assert_outputs_close(a, b, atol=1e-6, rtol=1e-6):
+  for k in OUTPUT_KEYS:
+    np.testing.assert_allclose(a[k], b[k], atol=atol, rtol=rtol, err_msg=k)
+
+
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_output_shapes_dtypes_and_finiteness(scan_layers):
+  config = tiny(scan_layers=scan_layers)
+  out = apply(config, init_params(config), make_batch())
+  d, v = TINY["hidden_size"], TINY["vocab_size"]
+  assert out["sequence_output"].shape == (BATCH, LENGTH, d)
+  assert out["pooled_output"].shape == (BATCH, d)
+  assert out["mlm_logits"].shape == (BATCH, PREDICTIONS, v)
+  assert out["nsp_logits"].shape == (BATCH, 2)
+  for k in OUTPUT_KEYS:
+    assert out[k].dtype == np.float32, k
+    assert np.isfinite(out[k]).all(), k
+  assert np.all(np.abs(out["pooled_output"]) <= 1.0)  # tanh
+
+
+def test_padding_does_not_leak():
+  """Padded tokens change nothing at unpadded positions nor in the heads."""
+  config = tiny()
+  params = init_params(config)
+  batch = make_batch()
+  out = apply(config, params, batch)
+  pad = batch["input_mask"] == 0
+  assert pad.any()
+  changed = dict(batch)
+  changed["input_ids"] = np.where(pad, (batch["input_ids"] + 7) % TINY["vocab_size"] + 1,
+                                  batch["input_ids"])
+  changed["segment_ids"] = np.where(pad, 1, batch["segment_ids"])
+  out2 = apply(config, params, changed)
+  real = ~pad
+  np.testing.assert_array_equal(out["sequence_output"][real], out2["sequence_output"][real])
+  for k in ("pooled_output", "mlm_logits", "nsp_logits"):
+    np.testing.assert_array_equal(out[k], out2[k], err_msg=k)
+  # The check is live: changing an unpadded token does change those outputs.
+  live = dict(batch, input_ids=batch["input_ids"].copy())
+  live["input_ids"][:, 3] = (live["input_ids"][:, 3] + 1) % TINY["vocab_size"]
+  out3 = apply(config, params, live)
+  assert np.abs(out3["sequence_output"][real] - out["sequence_output"][real]).max() > 1e-4
+
+
+def test_encoder_is_bidirectional():
+  """Changing the last real token changes every earlier position's output."""
+  config = tiny()
+  params = init_params(config)
+  batch = make_batch()
+  out = apply(config, params, batch)
+  row, last = 1, int(batch["input_mask"][1].sum()) - 1
+  changed = dict(batch, input_ids=batch["input_ids"].copy())
+  changed["input_ids"][row, last] = (changed["input_ids"][row, last] + 1) % TINY["vocab_size"]
+  out2 = apply(config, params, changed)
+  delta_per_position = np.abs(out2["sequence_output"][row, :last]
+                              - out["sequence_output"][row, :last]).max(axis=-1)
+  assert (delta_per_position > 1e-5).all(), delta_per_position
+  # Other rows are untouched.
+  np.testing.assert_array_equal(out2["sequence_output"][0], out["sequence_output"][0])
+
+
+def test_scan_and_unrolled_layers_agree():
+  scanned = tiny(scan_layers=True)
+  params = init_params(scanned)
+  unrolled_params = unroll(params, scanned.num_layers)
+  unrolled = tiny(scan_layers=False)
+  abstract = jax.eval_shape(lambda: init_params(unrolled))
+  assert jax.tree.structure(unrolled_params) == jax.tree.structure(abstract)
+  batch = make_batch()
+  assert_outputs_close(apply(scanned, params, batch), apply(unrolled, unrolled_params, batch))
+
+
+def _loss_and_grads(config, params, batch, rng):
+  """A scalar touching every output, and its gradients, with dropout on."""
+  def loss(p):
+    out = BertForPreTraining(config).apply(p, **batch, deterministic=False,
+                                           rngs={"dropout": jax.random.key(rng)})
+    return sum(jnp.sum(jnp.sin(out[k].astype(jnp.float32))) for k in OUTPUT_KEYS), out
+  (value, out), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+  return value, out, grads
+
+
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_remat_policies_match_no_remat(scan_layers):
+  base_config = tiny(scan_layers=scan_layers)
+  params = init_params(base_config)
+  batch = make_batch()
+  ref_value, ref_out, ref_grads = _loss_and_grads(base_config, params, batch, rng=3)
+  policies = layers.REMAT.keys() if scan_layers else ("full",)
+  for policy in policies:
+    value, out, grads = _loss_and_grads(base_config.replace(remat_policy=policy), params,
+                                        batch, rng=3)
+    np.testing.assert_allclose(value, ref_value, rtol=1e-6, err_msg=policy)
+    assert_outputs_close(out, ref_out)
+    # Recomputation may reassociate sums: compare each gradient to its own scale.
+    # (The key bias's gradient is zero up to rounding: softmax ignores it.)
+    for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
+      np.testing.assert_allclose(g, r, rtol=0, atol=1e-5 * float(jnp.abs(r).max()) + 1e-7,
+                                 err_msg=policy)
+  # Gradients reach every parameter (but the key bias, which softmax ignores).
+  for path, g in jax.tree_util.tree_leaves_with_path(ref_grads):
+    if "'key']['bias'" not in jax.tree_util.keystr(path):
+      assert float(jnp.abs(g).max()) > 1e-6, jax.tree_util.keystr(path)
+
+
+def test_bf16_compute_keeps_fp32_params_and_logits():
+  config = tiny(dtype="bfloat16")
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(_abstract_params(config)))
+  params = init_params(config)
+  out = apply(config, params, make_batch())
+  assert out["sequence_output"].dtype == jnp.bfloat16
+  assert out["pooled_output"].dtype == np.float32
+  assert out["mlm_logits"].dtype == np.float32 and out["nsp_logits"].dtype == np.float32
+  # Same weights in fp32: bf16 compute stays close.
+  ref = apply(tiny(), params, make_batch())
+  for k in OUTPUT_KEYS:
+    got = out[k].astype(np.float32)
+    assert np.isfinite(got).all(), k
+    err = np.abs(got - ref[k]).max() / (np.abs(ref[k]).max() + 1e-6)
+    assert err < 0.05, (k, err)
+
+
+def test_dropout_is_active_only_when_not_deterministic():
+  config = tiny(hidden_dropout_rate=0.1, attention_dropout_rate=0.1)
+  params = init_params(config)
+  batch = make_batch()
+  a = apply(config, params, batch, deterministic=False, rng=1)
+  b = apply(config, params, batch, deterministic=False, rng=2)
+  a_again = apply(config, params, batch, deterministic=False, rng=1)
+  for k in OUTPUT_KEYS:
+    assert np.abs(a[k] - b[k]).max() > 1e-4, k
+    np.testing.assert_array_equal(a[k], a_again[k], err_msg=k)
+  d1 = apply(config, params, batch, deterministic=True, rng=1)
+  d2 = apply(config, params, batch, deterministic=True, rng=2)
+  for k in OUTPUT_KEYS:
+    np.testing.assert_array_equal(d1[k], d2[k], err_msg=k)
+  # Rates of zero: deterministic=False computes the deterministic outputs.
+  no_dropout = tiny(hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
+  assert_outputs_close(apply(no_dropout, params, batch, deterministic=False), d1)
+
+
+def test_attention_dropout_applies_on_the_xla_path():
+  config = tiny(hidden_dropout_rate=0.0, attention_dropout_rate=0.3)
+  params = init_params(config)
+  batch = make_batch()
+  train = apply(config, params, batch, deterministic=False, rng=5)
+  evaluate = apply(config, params, batch, deterministic=True)
+  assert np.abs(train["sequence_output"] - evaluate["sequence_output"]).max() > 1e-3
+
+
+def test_xla_attention_equals_fused_path(monkeypatch):
+  """attention_impl='xla' equals jax.nn.dot_product_attention (taken by 'auto')."""
+  calls = []
+  fused = jax.nn.dot_product_attention
+
+  def counting(*args, **kwargs):
+    calls.append(kwargs.get("implementation"))
+    return fused(*args, **kwargs)
+  monkeypatch.setattr(jax.nn, "dot_product_attention", counting)
+
+  batch = make_batch()
+  for deterministic, rates in ((True, 0.1), (False, 0.0)):
+    auto = tiny(attention_impl="auto", hidden_dropout_rate=rates, attention_dropout_rate=rates)
+    xla = auto.replace(attention_impl="xla")
+    params = init_params(auto)
+    calls.clear()
+    out_auto = jax.tree.map(np.asarray, BertForPreTraining(auto).apply(
+        params, **batch, deterministic=deterministic, rngs={"dropout": jax.random.key(0)}))
+    assert calls and set(calls) == {None}, calls  # fused attention, default implementation
+    calls.clear()
+    out_xla = jax.tree.map(np.asarray, BertForPreTraining(xla).apply(
+        params, **batch, deterministic=deterministic, rngs={"dropout": jax.random.key(0)}))
+    assert not calls
+    assert_outputs_close(out_auto, out_xla, atol=1e-5, rtol=1e-5)
+
+
+def _count(tree) -> int:
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))
+
+
+def _abstract_params(config: BertConfig):
+  ids = jnp.zeros((1, 8), jnp.int32)
+  return jax.eval_shape(lambda: BertForPreTraining(config).init(
+      jax.random.key(0), ids, ids, ids, ids[:, :2]))
+
+
+def _formula(vocab, hidden, layers_, intermediate, positions=512, types=2) -> int:
+  """BERT pretraining parameters counted from the architecture."""
+  d, f = hidden, intermediate
+  embeddings = (vocab + positions + types) * d + 2 * d
+  layer = 4 * (d * d + d) + 2 * d + (d * f + f) + (f * d + d) + 2 * d
+  pooler = d * d + d
+  heads = (d * d + d) + 2 * d + vocab + (2 * d + 2)  # transform, LayerNorm, bias, NSP
+  return embeddings + layers_ * layer + pooler + heads
+
+
+@pytest.mark.parametrize("size,expected", [(BASE, 110_106_428), (LARGE, 336_226_108)])
+def test_parameter_counts(size, expected):
+  config = BertConfig(vocab_size=30522, **size)
+  assert _count(_abstract_params(config)) == expected
+  assert _count(_abstract_params(config.replace(scan_layers=False))) == expected
+  assert _formula(30522, size["hidden_size"], size["num_layers"],
+                  size["intermediate_size"]) == expected
+  transformers = pytest.importorskip("transformers")
+  hf_config = transformers.BertConfig(
+      vocab_size=30522, hidden_size=size["hidden_size"], num_hidden_layers=size["num_layers"],
+      num_attention_heads=size["num_heads"], intermediate_size=size["intermediate_size"])
+  hf_model = transformers.FlaxBertForPreTraining(hf_config, _do_init=False)
+  assert _count(hf_model.params_shape_tree) == expected
+
+
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_every_parameter_has_logical_axis_names(scan_layers):
+  boxed = _abstract_params(tiny(scan_layers=scan_layers))
+  leaves = jax.tree.leaves(boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+  assert leaves and all(isinstance(x, nn.Partitioned) for x in leaves)
+  for leaf in leaves:
+    assert len(leaf.names) == leaf.value.ndim, leaf.names
+    assert None not in leaf.names, leaf.names
+
+  def check_layers_axis(path, leaf):
+    in_stack = any(getattr(k, "key", None) == "layers" for k in path)
+    assert (leaf.names[0] == "layers") == in_stack, (path, leaf.names)
+    if in_stack:
+      assert leaf.value.shape[0] == TINY["num_layers"]
+  jax.tree_util.tree_map_with_path(check_layers_axis, boxed,
+                                   is_leaf=lambda x: isinstance(x, nn.Partitioned))
+  specs = nn.get_partition_spec(boxed)
+  assert all(None not in spec for spec in jax.tree.leaves(
+      specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)))
+  p = boxed["params"]["bert"]
+  assert p["embeddings"]["word_embeddings"]["embedding"].names == ("vocab", "embed")
+  layer = p["encoder"]["layers"] if scan_layers else p["encoder"]["layer_0"]
+  prefix = ("layers",) if scan_layers else ()
+  assert layer["attention"]["query"]["kernel"].names == prefix + ("embed", "heads", "kv")
+  assert layer["attention"]["output"]["kernel"].names == prefix + ("heads", "kv", "embed")
+  assert layer["mlp"]["intermediate"]["kernel"].names == prefix + ("embed", "mlp")
+
+
+@pytest.mark.parametrize("changes,pattern", [
+    (dict(hidden_size=30, num_heads=4), r"model\.hidden_size: 30 is not divisible by "
+                                        r"model\.num_heads=4"),
+    (dict(vocab_size=0), r"model\.vocab_size"),
+    (dict(num_layers=0), r"model\.num_layers"),
+    (dict(hidden_dropout_rate=1.0), r"model\.hidden_dropout_rate"),
+    (dict(attention_dropout_rate=-0.1), r"model\.attention_dropout_rate"),
+    (dict(remat_policy="some"), r"model\.remat_policy: 'some' is not one of"),
+    (dict(attention_impl="flash"), r"model\.attention_impl"),
+    (dict(dtype="float33"), r"model\.dtype"),
+])
+def test_config_validation_names_the_field(changes, pattern):
+  with pytest.raises(ValueError, match=pattern):
+    tiny(**changes)
+
+
+def test_config_from_mapping_refuses_unknown_fields():
+  assert BertConfig.from_mapping(TINY, num_layers=3).num_layers == 3
+  with pytest.raises(ValueError, match=r"unknown fields \['hiden_size'\]"):
+    BertConfig.from_mapping(dict(TINY, hiden_size=8))
+
+
+def test_sequence_longer_than_position_table_names_the_field():
+  config = tiny(max_position_embeddings=8)
+  ids = jnp.zeros((1, 9), jnp.int32)
+  with pytest.raises(ValueError, match="model.max_position_embeddings=8"):
+    jax.eval_shape(lambda: BertForPreTraining(config).init(
+        jax.random.key(0), ids, ids, ids, ids[:, :2]))

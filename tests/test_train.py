@@ -1,0 +1,302 @@
+"""train_and_evaluate end to end on a tiny model and synthetic data.
+
+Two phases (length 16, then 32) of 4 steps each. Runs go through child
+processes (this file, run as a script; see jax_child.py), which can take a
+SIGTERM, be handed a NaN batch, and report which data each phase read;
+losses come from the TensorBoard events that the run writes. Config errors
+are checked in this process, where nothing may compile.
+"""
+
+import glob
+import hashlib
+import json
+import os
+import signal
+import struct
+import sys
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+import jax_child
+from bertjax.convert.weights import load_weights
+from bertjax.train import loop
+from bertjax.train import run_config
+
+sys.path.insert(0, os.path.join(jax_child.REPO, "configs"))
+import base  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+TOTAL_STEPS = 8  # Phase seq16: steps 1-4; phase seq32: steps 5-8.
+
+
+def tiny_config(overrides=None) -> ml_collections.ConfigDict:
+  """configs/base.py shrunk; `overrides` maps dotted field names to values."""
+  config = base.get_config()
+  config.total_steps = TOTAL_STEPS
+  config.model.update(vocab_size=128, hidden_size=32, num_layers=2, num_heads=4,
+                      intermediate_size=64, max_position_embeddings=32, dtype="float32")
+  config.data.source = "synthetic"
+  short, long = config.phases.seq128, config.phases.seq512
+  short.update(fraction=0.5, max_seq_length=16, max_predictions_per_seq=3, global_batch_size=8)
+  long.update(fraction=0.5, max_seq_length=32, max_predictions_per_seq=5, global_batch_size=8)
+  config.phases = ml_collections.ConfigDict({"seq16": short, "seq32": long})
+  config.optimizer.update(learning_rate=1e-3, warmup_steps=2)
+  config.checkpoint.update(every_steps=3, keep=5)
+  config.logging.update(every_steps=1, eval_every_steps=0)
+  for name, value in (overrides or {}).items():
+    *groups, field = name.split(".")
+    node = config
+    for g in groups:
+      node = node[g]
+    node[field] = value
+  return config
+
+
+def _child(payload: dict) -> dict:
+  """One train_and_evaluate run; reports what the test checks."""
+  from absl import logging  # pylint: disable=g-import-not-at-top
+  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
+  logging.set_verbosity(logging.INFO)  # The test reads the run's INFO lines.
+  workdir = payload["workdir"]
+
+  if payload.get("export_hf"):
+    from bertjax.convert import hf_files  # pylint: disable=g-import-not-at-top
+    from bertjax.model.config import BertConfig  # pylint: disable=g-import-not-at-top
+    src, out = payload["export_hf"]
+    params = ocp.StandardCheckpointer().restore(os.path.join(src, "params"))
+    model_config = BertConfig.from_mapping(tiny_config().model)
+    hf_files.save_hf_checkpoint(jax.device_get(params), model_config, out)
+
+  # Which phase read from which data step, at which length; and an optional
+  # NaN in the batch of one step.
+  sources = []
+  make_source = loop._train_source  # pylint: disable=protected-access
+
+  def recording_source(config, phase, model_config):
+    source = make_source(config, phase, model_config)
+    iterate = source.iterate
+
+    def recorded(start):
+      sources.append(dict(phase=phase.name, start=start))
+      for i, batch in enumerate(iterate(start)):
+        sources[-1].setdefault("length", int(batch["input_ids"].shape[1]))
+        if phase.start + start + i + 1 == payload.get("nan_at"):
+          batch = dict(batch, masked_lm_weights=np.full_like(batch["masked_lm_weights"],
+                                                             np.nan))
+        yield batch
+    source.iterate = recorded
+    return source
+  loop._train_source = recording_source  # pylint: disable=protected-access
+
+  if payload.get("sigterm_at"):
+    # The platform's preemption notice: a real SIGTERM after that step.
+    log_train = loop.MetricLogger.log_train
+
+    def log_then_signal(self, step, *args, **kwargs):
+      out = log_train(self, step, *args, **kwargs)
+      if step == payload["sigterm_at"]:
+        signal.raise_signal(signal.SIGTERM)
+      return out
+    loop.MetricLogger.log_train = log_then_signal
+
+  result = {"error": None, "summary": None}
+  try:
+    result["summary"] = loop.train_and_evaluate(tiny_config(payload.get("config")), workdir,
+                                                weights_loader=load_weights)
+  except loop.NonFiniteError as e:
+    result["error"] = str(e)
+  result["sources"] = sources
+
+  # Every checkpoint left in the workdir: its meta, and its parameters'
+  # digest (equal digests: bitwise equal parameters) and finiteness.
+  checkpoints = {}
+  for step_dir in sorted(glob.glob(os.path.join(workdir, "checkpoints", "*[0-9]"))):
+    params = jax.device_get(ocp.StandardCheckpointer().restore(
+        os.path.join(step_dir, "params")))
+    leaves = [np.asarray(x) for x in jax.tree.leaves(params)]
+    with open(os.path.join(step_dir, "meta", "metadata")) as f:
+      meta = json.load(f)
+    checkpoints[os.path.basename(step_dir)] = dict(
+        phase=meta["phase"], data_step=meta["data_step"],
+        finite=all(bool(np.isfinite(x).all()) for x in leaves),
+        digest=hashlib.sha256(b"".join(x.tobytes() for x in leaves)).hexdigest())
+  result["checkpoints"] = checkpoints
+  return result
+
+
+def run(tmp_path_factory, workdir, **payload):
+  result, log = jax_child.run(os.path.abspath(__file__), dict(payload, workdir=str(workdir)),
+                              cache=jax_child.cache_dir(tmp_path_factory))
+  return result, log
+
+
+def losses(workdir, newest_only=False) -> dict[int, float]:
+  """train/loss by step from the run's TensorBoard event files."""
+  from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
+  paths = sorted(glob.glob(os.path.join(str(workdir), "tensorboard", "events.*")),
+                 key=os.path.getmtime)
+  out = {}
+  for path in paths[-1:] if newest_only else paths:
+    with open(path, "rb") as f:
+      data = f.read()
+    i = 0
+    while i < len(data):  # TFRecord framing: length, its CRC, data, data CRC.
+      (n,) = struct.unpack("<Q", data[i:i + 8])
+      event = event_pb2.Event.FromString(data[i + 12:i + 12 + n])
+      i += 12 + n + 4
+      for value in event.summary.value:
+        if value.tag == "train/loss":
+          out[event.step] = value.simple_value
+  return out
+
+
+def test_phase_switch_preemption_resume_and_rerun(tmp_path_factory):
+  # Uninterrupted: both phases in one run, checkpoints every 3 steps, at the
+  # phase boundary and at the end.
+  ref_dir = tmp_path_factory.mktemp("reference")
+  ref, _ = run(tmp_path_factory, ref_dir)
+  assert ref["summary"]["step"] == TOTAL_STEPS
+  assert sorted(ref["summary"]["phases"]) == ["seq16", "seq32"]
+  assert ref["sources"] == [dict(phase="seq16", start=0, length=16),
+                            dict(phase="seq32", start=0, length=32)]
+  ref_losses = losses(ref_dir)
+  assert sorted(ref_losses) == list(range(1, TOTAL_STEPS + 1))
+  assert all(np.isfinite(list(ref_losses.values())))
+  assert sorted(ref["checkpoints"], key=int) == ["3", "4", "6", "8"]
+  assert (ref["checkpoints"]["4"]["phase"], ref["checkpoints"]["4"]["data_step"]) == ("seq32", 0)
+  assert os.path.exists(os.path.join(ref_dir, "summary.json"))
+
+  # SIGTERM after step 6 (phase two, and a periodic checkpoint step).
+  workdir = tmp_path_factory.mktemp("preempted")
+  first, _ = run(tmp_path_factory, workdir, sigterm_at=6)
+  assert first["summary"] == {"preempted_at_step": 6}
+  assert sorted(first["checkpoints"], key=int) == ["3", "4", "6"]
+  assert (first["checkpoints"]["6"]["phase"], first["checkpoints"]["6"]["data_step"]) == (
+      "seq32", 2)
+  assert sorted(losses(workdir)) == [1, 2, 3, 4, 5, 6]
+
+  # Resumed: phase one is not run again; phase two reads on from its third
+  # batch, and the losses and final weights are those of the uninterrupted run.
+  second, log = run(tmp_path_factory, workdir)
+  assert "Resumed from the checkpoint at step 6 (phase seq32, data step 2)" in log
+  assert second["sources"] == [dict(phase="seq32", start=2, length=32)]
+  resumed = losses(workdir, newest_only=True)
+  assert sorted(resumed) == [7, 8]
+  all_losses = losses(workdir)
+  np.testing.assert_allclose([all_losses[s] for s in range(1, TOTAL_STEPS + 1)],
+                             [ref_losses[s] for s in range(1, TOTAL_STEPS + 1)], rtol=1e-5)
+  assert second["checkpoints"]["8"]["digest"] == ref["checkpoints"]["8"]["digest"]
+  assert second["summary"]["step"] == TOTAL_STEPS
+
+  # A completed run is not trained again.
+  events = lambda: sorted(glob.glob(os.path.join(str(workdir), "tensorboard", "events.*")))
+  events_before = events()
+  third, log = run(tmp_path_factory, workdir)
+  assert "is complete (step 8 of 8); nothing to do" in log
+  assert third["sources"] == []
+  assert third["summary"] == second["summary"]
+  assert events() == events_before
+
+
+def test_nonfinite_loss_stops_naming_the_step_and_is_never_checkpointed(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("nonfinite")
+  # Metrics are read only at phase ends and checkpoints, so the NaN of step 6
+  # is found when step 6 is about to be saved.
+  result, _ = run(tmp_path_factory, workdir, nan_at=6, config={"logging.every_steps": 100})
+  assert result["summary"] is None
+  assert "non-finite loss or gradient at step 6" in result["error"]
+  assert sorted(result["checkpoints"], key=int) == ["3", "4"]
+  assert all(c["finite"] for c in result["checkpoints"].values())
+
+
+def test_init_from_checkpoint_or_hugging_face_directory_starts_at_step_zero(
+    tmp_path_factory):
+  # The weights: two steps of a run (the first step's learning rate is 0).
+  source_dir = tmp_path_factory.mktemp("source")
+  source, _ = run(tmp_path_factory, source_dir, sigterm_at=2)
+  assert list(source["checkpoints"]) == ["2"]
+  weights = source["checkpoints"]["2"]["digest"]
+  hf_dir = str(tmp_path_factory.mktemp("hf_model"))
+  starts = {
+      "bertjax": (os.path.join(str(source_dir), "checkpoints"), {}),  # Its latest step.
+      "hugging_face": (hf_dir, {"export_hf": [os.path.join(str(source_dir), "checkpoints",
+                                                            "2"), hf_dir]}),
+  }
+  for name, (init_from, payload) in starts.items():
+    workdir = tmp_path_factory.mktemp(f"init_from_{name}")
+    # Another seed, so that a fresh initialisation would differ from the
+    # weights. Stopped after one step, which at the warmup's learning rate
+    # of 0 leaves the loaded weights exactly as they were.
+    result, log = run(tmp_path_factory, workdir, sigterm_at=1,
+                      config={"init_from": init_from, "seed": 1}, **payload)
+    assert f"Started from the weights in {init_from} at step 0" in log, name
+    assert result["summary"] == {"preempted_at_step": 1}, name
+    assert result["sources"] == [dict(phase="seq16", start=0, length=16)], name
+    assert list(result["checkpoints"]) == ["1"], name
+    assert result["checkpoints"]["1"]["digest"] == weights, name
+
+
+BAD_CONFIGS = {
+    "hidden_size": ({"model.hidden_size": 30}, r"--config\.model\.hidden_size: 30 is not "
+                    r"divisible by model\.num_heads=4"),
+    "micro_batches": ({"optimizer.grad_accum_steps": 3},
+                      r"--config\.phases\.seq16\.global_batch_size: 8 is not divisible by "
+                      r"optimizer\.grad_accum_steps=3"),
+    "length": ({"phases.seq32.max_seq_length": 64},
+               r"--config\.phases\.seq32\.max_seq_length: 64 exceeds "
+               r"model\.max_position_embeddings=32"),
+    "fractions": ({"phases.seq32.fraction": 0.4}, r"--config\.phases: fractions .* add up to "
+                  r"0\.9, not 1"),
+    "unknown": ({"optimizer.lr": 1e-3}, r"--config\.optimizer\.lr: unknown field"),
+    "unknown_phase_field": ({"phases.seq16.batch_size": 8},
+                            r"--config\.phases\.seq16\.batch_size: unknown field"),
+    "data_order": ({"data.order": "random"}, r"--config\.data\.order: 'random' is not one of"),
+    "optimizer": ({"optimizer.name": "sgd"}, r"--config\.optimizer\.name: 'sgd'"),
+    "mesh": ({"mesh.fsdp": -1}, r"--config\.mesh: at most one"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
+def test_config_errors_name_the_field_before_anything_compiles(case, tmp_path, monkeypatch):
+  overrides, message = BAD_CONFIGS[case]
+
+  def compiles(*args, **kwargs):
+    raise AssertionError("the run started building its state before the config was checked")
+  monkeypatch.setattr(loop.state_lib, "abstract_train_state", compiles)
+  monkeypatch.setattr(loop.state_lib, "create_train_state", compiles)
+  monkeypatch.setattr(loop.step_lib, "jit_train_step", compiles)
+  with pytest.raises(run_config.ConfigError, match=message):
+    loop.train_and_evaluate(tiny_config(overrides), str(tmp_path))
+  assert not os.path.exists(tmp_path / "checkpoints")
+
+
+def test_batch_must_split_over_data_parallel_devices():
+  config = tiny_config()
+  run_config.validate(config, num_devices=8)  # 8 sequences on 8 devices.
+  with pytest.raises(run_config.ConfigError,
+                     match=r"--config\.phases\.seq16\.global_batch_size: 8 .* not divisible "
+                           r"by the 16 data-parallel devices"):
+    run_config.validate(config, num_devices=16)
+  # Tensor parallelism does not split the batch.
+  run_config.validate(tiny_config({"mesh.data": 8, "mesh.tensor": -1}), num_devices=16)
+  with pytest.raises(run_config.ConfigError, match="global_batch_size: 8 is not divisible by "
+                                                   "the 3 hosts"):
+    run_config.validate(config, num_devices=8, process_count=3)
+
+
+def test_init_from_a_path_without_weights_is_an_error_naming_the_flag(tmp_path, monkeypatch):
+  def compiles(*args, **kwargs):
+    raise AssertionError("the run initialised a state before reading init_from")
+  monkeypatch.setattr(loop.state_lib, "create_train_state", compiles)
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  with pytest.raises(ValueError, match=r"--config\.init_from=.*empty: neither a bertjax "
+                                       r"checkpoint"):
+    loop.train_and_evaluate(tiny_config({"init_from": str(empty)}), str(tmp_path / "run"),
+                            weights_loader=load_weights)
+
+
+if __name__ == "__main__":
+  print(json.dumps(_child(json.loads(sys.argv[1]))))
