@@ -28,16 +28,18 @@ case "${1:-}" in
         --version="${RUNTIME:-tpu-ubuntu2204-base}" ${SPOT:+--spot}
     ;;
   setup)
-    : "${REPO_URL:?set REPO_URL to this repository's git URL}"
+    : "${REPO_URL:?set REPO_URL to the git URL of bertjax}"
     on_all_hosts "set -e; sudo apt-get -qq update && sudo apt-get -qq install -y python3-venv git;
       rm -rf bertjax && git clone -q --branch $BRANCH $REPO_URL bertjax && cd bertjax &&
       python3 -m venv .venv && .venv/bin/pip install -q -e '.[tpu]'"
     ;;
   train)
     config="${2:?config file}"; workdir="${3:?workdir (gs:// for pods)}"; shift 3
+    # Quoted for the remote shell, so that globs in overrides reach bertjax intact.
+    overrides=$(printf ' %q' "$@")
     # jax.distributed.initialize() finds the other hosts from the TPU metadata.
-    on_all_hosts "cd bertjax && .venv/bin/python -m bertjax.main --config=$config \
-        --workdir=$workdir --distributed=on $* 2>&1 | tee -a train.log"
+    on_all_hosts "cd bertjax && .venv/bin/python -m bertjax.main --config=$(printf %q "$config") \
+        --workdir=$(printf %q "$workdir") --distributed=on $overrides 2>&1 | tee -a train.log"
     ;;
   delete)
     tpu delete "$TPU_NAME" --quiet
