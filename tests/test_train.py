@@ -189,6 +189,8 @@ def test_phase_switch_preemption_resume_and_rerun(tmp_path_factory):
                              [ref_losses[s] for s in range(1, TOTAL_STEPS + 1)], rtol=1e-5)
   assert second["checkpoints"]["8"]["digest"] == ref["checkpoints"]["8"]["digest"]
   assert second["summary"]["step"] == TOTAL_STEPS
+  # Phase one's results come from the checkpoint.
+  assert second["summary"]["phases"] == ref["summary"]["phases"]
 
   # A completed run is not trained again.
   events = lambda: sorted(glob.glob(os.path.join(str(workdir), "tensorboard", "events.*")))

@@ -143,7 +143,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     return _read_json(summary_path)
 
   try:
-    state, shardings, dropout_rng = _initial_state(
+    state, shardings, dropout_rng, resumed_meta = _initial_state(
         config, model, tx, mesh, rules, checkpointer, latest, init_rng, dropout_rng,
         model_config, weights_loader)
   except BaseException:
@@ -158,14 +158,15 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   p_train = step_lib.jit_train_step(
       shardings, mesh, grad_accum_steps=config.optimizer.grad_accum_steps)
   evaluator = eval_lib.Evaluator(shardings, batch_sharding, replicated)
-  summary: dict[str, Any] = {"phases": {}}
+  # Phases finished before a resume keep their results in the checkpoint.
+  summary: dict[str, Any] = {"phases": dict((resumed_meta or {}).get("phases", {}))}
 
   def meta_for(step):
     phase = run_config.phase_at(plan, step)
     return {"phase": phase.name, "phase_index": phase.index,
             "data_step": step - phase.start, "seed": config.seed,
             "rng": ckpt_lib.rng_to_json(dropout_rng), "total_steps": config.total_steps,
-            "model": dataclasses.asdict(model_config)}
+            "model": dataclasses.asdict(model_config), "phases": summary["phases"]}
 
   step = int(jax.device_get(state.step))
   pending: list[tuple[int, dict]] = []
@@ -256,14 +257,15 @@ def _initial_state(config, model, tx, mesh, rules, checkpointer, latest, init_rn
 
   A resumed run reads its state straight into the abstract (sharded) state,
   and init_from reads its weights before anything is initialised. Returns
-  (state, its shardings, the run's dropout key).
+  (state, its shardings, the run's dropout key, the resumed checkpoint's meta
+  or None).
   """
   abstract, shardings = state_lib.abstract_train_state(model, tx, mesh, rules)
   if latest is not None:
     state, meta = checkpointer.restore(abstract, shardings, latest)
     logging.info("Resumed from the checkpoint at step %d (phase %s, data step %d).",
                  latest, meta["phase"], meta["data_step"])
-    return state, shardings, ckpt_lib.rng_from_json(meta["rng"])
+    return state, shardings, ckpt_lib.rng_from_json(meta["rng"]), meta
   if config.init_from:
     if weights_loader is None:
       raise ValueError("--config.init_from: pass train_and_evaluate a weights_loader, e.g. "
@@ -272,10 +274,10 @@ def _initial_state(config, model, tx, mesh, rules, checkpointer, latest, init_rn
     state, shardings = state_lib.create_train_state(model, tx, mesh, rules, init_rng,
                                                     params=params)
     logging.info("Started from the weights in %s at step 0.", config.init_from)
-    return state, shardings, dropout_rng
+    return state, shardings, dropout_rng, None
   state, shardings = state_lib.create_train_state(model, tx, mesh, rules, init_rng)
   logging.info("Started from a fresh initialisation (seed %d).", config.seed)
-  return state, shardings, dropout_rng
+  return state, shardings, dropout_rng, None
 
 
 def _evaluate(evaluator, config, phase, state) -> dict[str, float]:
@@ -297,8 +299,9 @@ def _log_summary(summary):
     if "eval" in p:
       e = p["eval"]
       logging.info("  %s: held-out MLM accuracy %.4f (most-frequent-token baseline %.4f), "
-                   "NSP accuracy %.4f, loss %.4f", name, e["mlm_accuracy"],
-                   e["mlm_baseline_accuracy"], e["nsp_accuracy"], e["loss"])
+                   "NSP accuracy %.4f (majority-label baseline %.4f), loss %.4f", name,
+                   e["mlm_accuracy"], e["mlm_baseline_accuracy"], e["nsp_accuracy"],
+                   e["nsp_baseline_accuracy"], e["loss"])
 
 
 def _exists(path):

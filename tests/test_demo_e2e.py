@@ -1,0 +1,97 @@
+"""The README's main command end to end, with fewer steps: demo data, both
+phases, held-out evaluation, checkpoints, a rerun that finds the run complete,
+and the export that transformers loads for fine-tuning."""
+
+import glob
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bertjax.train import loop
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "configs"))
+import tiny  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def _config():
+  config = tiny.get_config()
+  config.total_steps = 20  # 18 steps at length 128, then 2 at 512.
+  config.checkpoint.every_steps = 10
+  config.logging.every_steps = 5
+  config.logging.eval_batches = 3
+  return config
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("demo_run"))
+  return workdir, loop.train_and_evaluate(_config(), workdir)
+
+
+def test_both_phases_train_and_evaluate(run):
+  workdir, summary = run
+  assert summary["step"] == summary["total_steps"] == 20
+  assert list(summary["phases"]) == ["seq128", "seq512"]
+  assert summary["phases"]["seq128"]["steps"] == 18
+  assert summary["phases"]["seq512"]["steps"] == 2
+  for name, length in (("seq128", 128), ("seq512", 512)):
+    result = summary["phases"][name]["eval"]
+    assert result["num_examples"] == 3 * (32 if length == 128 else 8)
+    for key in ("loss", "mlm_accuracy", "nsp_accuracy", "mlm_baseline_accuracy",
+                "nsp_baseline_accuracy"):
+      assert np.isfinite(result[key]), (name, key)
+    assert 0.0 <= result["mlm_accuracy"] <= 1.0
+    assert 0.5 <= result["nsp_baseline_accuracy"] <= 1.0
+  # The demo data was built inside the workdir, both phases and both splits.
+  for split in ("train", "eval"):
+    for length in (128, 512):
+      assert glob.glob(os.path.join(workdir, "demo_data", f"{split}_{length}",
+                                    "part-*.tfrecord"))
+  steps = sorted(int(d) for d in os.listdir(os.path.join(workdir, "checkpoints"))
+                 if d.isdigit())
+  assert steps[-1] == 20 and 10 in steps
+  assert glob.glob(os.path.join(workdir, "tensorboard", "events.*"))
+  assert os.path.exists(os.path.join(workdir, "summary.json"))
+
+
+def test_rerun_reports_the_run_complete(run, caplog):
+  workdir, summary = run
+  mtimes = {p: os.path.getmtime(p) for p in glob.glob(os.path.join(workdir, "checkpoints", "*"))}
+  with caplog.at_level("INFO"):
+    again = loop.train_and_evaluate(_config(), workdir)
+  assert again == summary
+  assert "is complete" in caplog.text
+  assert {p: os.path.getmtime(p) for p in mtimes} == mtimes
+
+
+def test_export_loads_in_transformers_with_the_same_outputs(run, tmp_path):
+  transformers = pytest.importorskip("transformers")
+  workdir, _ = run
+  out = str(tmp_path / "hf")
+  result = subprocess.run(
+      [sys.executable, "-m", "bertjax.convert.export",
+       f"--checkpoint={os.path.join(workdir, 'checkpoints')}", f"--output={out}",
+       "--format=flax"], cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "Exported step 20" in result.stdout
+
+  from bertjax.convert import export  # pylint: disable=g-import-not-at-top
+  from bertjax.model.bert import BertForPreTraining  # pylint: disable=g-import-not-at-top
+  params, model_config, _ = export.read_checkpoint(os.path.join(workdir, "checkpoints"))
+  model = transformers.FlaxBertForPreTraining.from_pretrained(out)
+  rng = np.random.default_rng(0)
+  ids = rng.integers(5, model_config.vocab_size, (2, 16)).astype(np.int32)
+  mask = np.ones_like(ids)
+  mask[1, 10:] = 0
+  segments = np.zeros_like(ids)
+  segments[:, 8:] = 1
+  hf_out = model(ids, attention_mask=mask, token_type_ids=segments)
+  positions = np.tile(np.arange(16, dtype=np.int32), (2, 1))
+  ours = BertForPreTraining(model_config).apply(
+      {"params": params}, ids, mask, segments, positions, deterministic=True)
+  np.testing.assert_allclose(ours["nsp_logits"], hf_out.seq_relationship_logits, atol=1e-4)
+  np.testing.assert_allclose(ours["mlm_logits"], hf_out.prediction_logits, atol=1e-4)
