@@ -3,10 +3,11 @@
 Every Python ships its language reference as text in `pydoc_data.topics`
 (what `help("assert")` prints) and the docstrings of its standard library
 in the library's sources. `ensure_demo_data` turns both into documents of
-sentences (one per section of a reference topic, one per library module:
-about 2 MB of English prose), holds out ~10% of the documents for
-evaluation, trains a small WordPiece vocab on the training documents and
-creates pre-masked TFRecords for both pretraining phases:
+sentences (one per section of a reference topic, one per library class and
+one per library module's own functions: about 1.5 MB of English prose),
+holds out ~10% of the documents for evaluation, trains a small WordPiece
+vocab on the training documents and creates pre-masked TFRecords for both
+pretraining phases:
 
   data_dir/
     text/train.txt, text/eval.txt  sentences per line, blank line between docs
@@ -109,11 +110,12 @@ _SKIPPED_LIBRARY_DIRS = {"test", "tests", "idlelib", "turtledemo", "lib2to3",
                          "site-packages", "dist-packages", "__pycache__"}
 
 
-def _docstring_paragraphs(tree: ast.Module) -> list[list[str]]:
-  """The prose paragraphs of a module's docstrings, in source order."""
-  paragraphs = []
+def _docstring_sections(tree: ast.Module) -> list[list[str]]:
+  """The prose paragraphs of a module's docstrings, in source order, one
+  section for the module and its functions and one per top-level class."""
+  sections = [[]]
 
-  def visit(node):
+  def visit(node, paragraphs):
     doc = ast.get_docstring(node) if isinstance(
         node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) else None
     if doc:
@@ -126,15 +128,18 @@ def _docstring_paragraphs(tree: ast.Module) -> list[list[str]]:
             paragraphs.append(_prose(para))
           para = []
     for child in getattr(node, "body", []):
-      if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-        visit(child)
+      if isinstance(child, ast.ClassDef) and node is tree:
+        sections.append([])
+        visit(child, sections[-1])
+      elif isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+        visit(child, paragraphs)
 
-  visit(tree)
-  return paragraphs
+  visit(tree, sections[0])
+  return [s for s in sections if s]
 
 
-def _library_modules() -> Iterator[list[list[list[str]]]]:
-  """Per standard-library module (sorted by path), its docstrings' prose as one section."""
+def _library_modules() -> Iterator[list[list[str]]]:
+  """Per standard-library module (sorted by path), its docstrings' prose by section."""
   root = sysconfig.get_paths()["stdlib"]
   paths = []
   for directory, subdirs, names in os.walk(root):
@@ -147,9 +152,9 @@ def _library_modules() -> Iterator[list[list[list[str]]]]:
         tree = ast.parse(f.read(), path)
     except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
       continue
-    paragraphs = _docstring_paragraphs(tree)
-    if paragraphs:
-      yield [paragraphs]
+    sections = _docstring_sections(tree)
+    if sections:
+      yield sections
 
 
 def demo_documents(min_sentences: int = 3) -> list[list[str]]:

@@ -38,6 +38,10 @@ from bertjax.train.logger import MetricLogger, first_nonfinite, quiet_library_lo
 WeightsLoader = Callable[[str, Any, BertConfig], Any]
 
 
+# Steps dispatched but not finished; enough to keep the devices busy.
+_MAX_STEPS_IN_FLIGHT = 2
+
+
 class NonFiniteError(FloatingPointError):
   pass
 
@@ -214,6 +218,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
           while step < phase.end:
             state, metrics = p_train(state, next(batches), dropout_rng)
             pending.append((step + 1, metrics))
+            if len(pending) > _MAX_STEPS_IN_FLIGHT:
+              # Dispatch is asynchronous: without this wait the loop would run
+              # up to a logging interval ahead of the devices, and a
+              # preemption would be acted on only when they caught up.
+              jax.block_until_ready(pending[-1 - _MAX_STEPS_IN_FLIGHT][1]["loss"])
             step += 1
             if step % config.logging.every_steps == 0 or step == phase.end:
               drain(window)
