@@ -3,10 +3,10 @@
   python -m bertjax.benchmarks.create_data_bench [--copies 8] [--dupe_factor 10]
       [--max_seq_length 128] [--workers 2]
 
-Builds a corpus of a few MB from the demo documents (Python's reference
-documentation, each copy with the documents shuffled and every document's
-sentences rotated, so copies differ), a WordPiece vocab, and then times, on
-the same corpus, vocab and settings:
+Builds a corpus from copies of the demo documents (Python's own
+documentation, about 1.5 MB a copy; each copy with the documents shuffled
+and every document's sentences rotated, so copies differ), a WordPiece vocab,
+and then times, on the same corpus, vocab and settings:
 
 * the reference: a single-process pure-Python port of the original release's
   create_pretraining_data.py: its Python tokenizer (basic tokenization with
