@@ -134,34 +134,23 @@ def iter_documents(shard: InputShard, report: collections.Counter
       raise ValueError(f"--input_file: cannot read {path}: {e}") from e
     with f:
       start, nbytes = done, 0
-      if shard.input_format == "sentences":
-        doc = []
+      if shard.input_format in ("sentences", "documents"):
+        # Blocks of lines between blank lines: a document's sentences, or
+        # its paragraphs of raw text to split into sentences.
+        finish = ((lambda block: block) if shard.input_format == "sentences"
+                  else (lambda block: _split_document(block, report)))
+        block = []
         for line in f:
           nbytes += len(line)
           report["lines"] += 1
           text = _decode(line, report).strip()
           if text:
-            doc.append(text)
-          elif doc:
-            yield doc, start + f.stored_bytes_read
-            doc = []
-        if doc:
-          yield doc, start + f.stored_bytes_read
-      elif shard.input_format == "documents":
-        paragraphs = []
-        for line in f:
-          nbytes += len(line)
-          report["lines"] += 1
-          text = _decode(line, report).strip()
-          if text:
-            paragraphs.append(text)
-          elif paragraphs:
-            yield (_split_document(paragraphs, report),
-                   start + f.stored_bytes_read)
-            paragraphs = []
-        if paragraphs:
-          yield (_split_document(paragraphs, report),
-                 start + f.stored_bytes_read)
+            block.append(text)
+          elif block:
+            yield finish(block), start + f.stored_bytes_read
+            block = []
+        if block:
+          yield finish(block), start + f.stored_bytes_read
       else:  # directory: the whole file is one document.
         data = f.read()
         nbytes = len(data)
