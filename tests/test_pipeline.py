@@ -3,6 +3,7 @@
 import hashlib
 import os
 import shutil
+import threading
 
 import numpy as np
 import pytest
@@ -329,6 +330,22 @@ def test_to_global_and_prefetch_to_device(dataset):
   next(it)
   with pytest.raises(RuntimeError, match="reader broke"):
     next(it)
+
+  # Closing stops the thread and closes the source in it: a thread left
+  # running into interpreter shutdown mid-transfer aborts the process.
+  closed = []
+
+  def endless():
+    try:
+      while True:
+        yield host[0]
+    finally:
+      closed.append(True)
+  it = pipeline.prefetch_to_device(endless(), sharding, size=2)
+  next(it)
+  it.close()
+  assert closed == [True]
+  assert not [t for t in threading.enumerate() if t.name == "prefetch_to_device"]
 
 
 def test_epoch_order_is_a_seeded_permutation_of_blocks():

@@ -382,6 +382,7 @@ class _Failure:
 
 
 _DONE = object()
+_JOIN_TIMEOUT_S = 60
 
 
 def prefetch_to_device(iterator: Iterator[Mapping[str, np.ndarray]], sharding,
@@ -414,6 +415,10 @@ def prefetch_to_device(iterator: Iterator[Mapping[str, np.ndarray]], sharding,
       put(_DONE)
     except BaseException as e:  # pylint: disable=broad-except
       put(_Failure(e))
+    finally:
+      close = getattr(iterator, "close", None)
+      if close is not None:
+        close()  # Releases the source's readers here, in the thread that runs it.
 
   thread = threading.Thread(target=produce, name="prefetch_to_device", daemon=True)
   thread.start()
@@ -427,3 +432,8 @@ def prefetch_to_device(iterator: Iterator[Mapping[str, np.ndarray]], sharding,
       yield item
   finally:
     stop.set()
+    # Waits for the thread: one left running into interpreter shutdown, inside
+    # a device transfer or a reader, aborts the process.
+    thread.join(timeout=_JOIN_TIMEOUT_S)
+    if thread.is_alive():
+      logging.warning("The input prefetch thread did not stop within %d s.", _JOIN_TIMEOUT_S)
