@@ -19,7 +19,7 @@ import tiny  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 def _config():
   config = tiny.get_config()
-  config.total_steps = 40  # 38 steps at length 128, then 2 at 512.
+  config.total_steps = 40  # 39 steps at length 128, then 1 at 512.
   config.checkpoint.every_steps = 15
   config.logging.every_steps = 5
   config.logging.eval_batches = 3
@@ -36,8 +36,8 @@ def test_both_phases_train_and_evaluate(run):
   workdir, summary = run
   assert summary["step"] == summary["total_steps"] == 40
   assert list(summary["phases"]) == ["seq128", "seq512"]
-  assert summary["phases"]["seq128"]["steps"] == 38
-  assert summary["phases"]["seq512"]["steps"] == 2
+  assert summary["phases"]["seq128"]["steps"] == 39
+  assert summary["phases"]["seq512"]["steps"] == 1
   config = _config()
   for name in ("seq128", "seq512"):
     result = summary["phases"][name]["eval"]

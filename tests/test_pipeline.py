@@ -3,6 +3,7 @@
 import hashlib
 import os
 import shutil
+import sys
 import threading
 
 import numpy as np
@@ -307,6 +308,22 @@ def test_reads_shards_written_by_records(tmp_path):
   batch = next(src.iterate(0))
   want = {records.decode_example(d)["input_ids"].tobytes() for d in data}
   assert {row.astype(np.int64).tobytes() for row in batch["input_ids"]} == want
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
+def test_malloc_thresholds_restored_after_the_generator_dataset_starts(dataset):
+  # tf.data's generator dataset fixes glibc's mmap threshold at 128 KiB; the
+  # reader sets the adaptive ceilings back once its first batch is out.
+  from bertjax.data import batch_reader  # pylint: disable=g-import-not-at-top
+  directory, _ = dataset
+  calls = []
+  real = batch_reader.restore_malloc_thresholds
+  batch_reader.restore_malloc_thresholds = lambda: calls.append(real())
+  try:
+    take(source(directory, 16).iterate(0), 3)
+  finally:
+    batch_reader.restore_malloc_thresholds = real
+  assert calls == [True]
 
 
 def test_to_global_and_prefetch_to_device(dataset):

@@ -10,6 +10,8 @@ record that fails to parse is found and named.
 
 import collections
 import concurrent.futures
+import ctypes
+import threading
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from absl import logging
@@ -39,6 +41,24 @@ def tf_module():
                       "other TensorFlow use so that it leaves their memory to JAX.")
     _tf_module = tf
   return _tf_module
+
+
+def restore_malloc_thresholds() -> bool:
+  """Undoes the fixed glibc thresholds that tf.data's generator dataset sets.
+
+  Its first iterator calls mallopt(M_TRIM_THRESHOLD, 128 KiB), which also
+  fixes the mmap threshold at 128 KiB: from then on every buffer over 128 KiB
+  that XLA's CPU runtime allocates is a fresh mmap, page-faulted in and
+  unmapped again, each step (the demo's CPU train step ran 15-20% slower).
+  This sets the ceilings that glibc's own adaptive thresholds reach. A no-op
+  where libc has no mallopt; returns whether both were set.
+  """
+  try:
+    mallopt = ctypes.CDLL(None).mallopt
+  except (AttributeError, OSError):
+    return False
+  m_trim_threshold, m_mmap_threshold = -1, -3
+  return bool(mallopt(m_mmap_threshold, 32 << 20)) & bool(mallopt(m_trim_threshold, 64 << 20))
 
 
 def describe_mismatch(serialized: bytes, max_seq_length: int,
@@ -214,13 +234,14 @@ class HostBatches:
               ) -> Iterator[dict[str, np.ndarray]]:
     tf = tf_module()
     failure = []
+    stopping = threading.Event()
 
     def generate():
       pool = concurrent.futures.ThreadPoolExecutor(self._threads)
       pending = collections.deque()
       step = start_step
       try:
-        while True:
+        while not stopping.is_set():
           while len(pending) < 2 * self._threads and (stop_step is None or step < stop_step):
             pending.append(pool.submit(self.read, step))
             step += 1
@@ -238,24 +259,44 @@ class HostBatches:
                  tf.TensorSpec([b], tf.int64), tf.TensorSpec([b], tf.int64),
                  tf.TensorSpec([], tf.int64))
     ds = tf.data.Dataset.from_generator(generate, output_signature=signature)
-    ds = ds.map(self._parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    it = ds.prefetch(self._prefetch).as_numpy_iterator()
+    ds = ds.map(self._parse, num_parallel_calls=self._threads, deterministic=True)
+    options = tf.data.Options()
+    # No autotuning: its background thread can miss the cancellation when the
+    # iterator is dropped and hold the caller for up to a minute; the
+    # parallelism here is fixed anyway.
+    options.autotune.enabled = False
+    it = ds.prefetch(self._prefetch).with_options(options).as_numpy_iterator()
     step = start_step
-    while stop_step is None or step < stop_step:
+    try:
+      while stop_step is None or step < stop_step:
+        try:
+          batch, skipped = next(it)
+        except StopIteration:
+          return
+        except Exception as e:  # pylint: disable=broad-except
+          # A parse error (an OpError, or a UnicodeDecodeError when its message
+          # quotes binary data), or the reader's error from `failure`.
+          if failure:
+            raise failure[0] from None
+          raise self._explain(step, e) from e
+        if step == start_step:
+          restore_malloc_thresholds()  # Set by the generator's first call.
+        self.last_step = step
+        self.corrupt_skipped += int(skipped)  # Counted as batches are delivered.
+        yield batch
+        step += 1
+    finally:
+      # Destroying a tf.data iterator waits for its threads, and the thread
+      # that destroys it holds the GIL: a tf.data thread still inside
+      # `generate` would wait for the GIL in turn. So the generator is told to
+      # stop and the iterator is run dry before it is dropped.
+      stopping.set()
       try:
-        batch, skipped = next(it)
-      except StopIteration:
-        return
-      except Exception as e:  # pylint: disable=broad-except
-        # A parse error (an OpError, or a UnicodeDecodeError when its message
-        # quotes binary data), or the reader's error from `failure`.
-        if failure:
-          raise failure[0] from None
-        raise self._explain(step, e) from e
-      self.last_step = step
-      self.corrupt_skipped += int(skipped)  # Counted as batches are delivered.
-      yield batch
-      step += 1
+        for _ in it:
+          pass
+      except Exception:  # pylint: disable=broad-except
+        pass  # Its error, if any, was raised above or is of no use now.
+      del it
 
 
 def check_first_record(records: Records, max_seq_length: int,
