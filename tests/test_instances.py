@@ -232,15 +232,53 @@ def _make(docs, vocab, max_seq_length, short_seq_prob, max_pred, seed, path):
   made = []
   for doc_index in range(len(docs)):
     rng = instances.FastRng([seed, doc_index])
-    got = instances.create_instances_from_document(
-        docs, doc_index, max_seq_length, short_seq_prob, 0.15, max_pred, vocab,
-        rng, mask=path == "scalar")
-    if path == "batch":
-      batch = instances.mask_batch(got, max_seq_length, 0.15, max_pred, vocab,
-                                   rng.generator)
+    if path == "scalar":
+      got = instances.create_instances_from_document(
+          docs, doc_index, max_seq_length, short_seq_prob, 0.15, max_pred, vocab, rng)
+    else:
+      tokens, starts, offsets = _flat(docs)
+      spans = np.asarray(list(instances.instance_spans(
+          offsets, doc_index, max_seq_length, short_seq_prob, rng)), np.int64)
+      batch = instances.mask_arrays(
+          *instances.assemble_pairs(spans, tokens, starts, max_seq_length, vocab),
+          0.15, max_pred, vocab, rng.generator)
       got = [batch.instance(i) for i in range(len(batch))]
     made.extend(got)
   return made
+
+
+def _flat(docs):
+  """(all tokens back to back, document starts, sentence offsets): the driver's view."""
+  offsets = [instances.sentence_offsets(d) for d in docs]
+  starts = np.cumsum([0] + [o[-1] for o in offsets])
+  tokens = np.asarray([t for d in docs for sent in d for t in sent], np.int64)
+  return tokens, starts, offsets
+
+
+@pytest.mark.parametrize("short_seq_prob", [0.0, 0.1, 0.6])
+def test_spans_assembled_in_numpy_equal_the_scalar_pairs(short_seq_prob):
+  # Documents of one to six sentences of 1-40 tokens, so that chunks end at
+  # document ends, random B runs to the end of its document and truncation
+  # takes from both ends.
+  rng = random.Random(3)
+  vocab = instances.VocabInfo.create(200, dict(pad=0, unk=1, cls=2, sep=3, mask=4))
+  docs = [[[rng.randint(5, 199) for _ in range(rng.randint(1, 40))]
+           for _ in range(rng.randint(1, 6))] for _ in range(60)]
+  tokens, starts, offsets = _flat(docs)
+  for doc_index in range(len(docs)):
+    want = instances.create_instances_from_document(
+        docs, doc_index, 48, short_seq_prob, 0.15, 8, vocab,
+        instances.FastRng([7, doc_index]), mask=False)
+    spans = np.asarray(list(instances.instance_spans(
+        offsets, doc_index, 48, short_seq_prob, instances.FastRng([7, doc_index]))),
+                       np.int64).reshape(-1, 7)
+    ids, lengths, num_a, is_random_next = instances.assemble_pairs(
+        spans, tokens, starts, 48, vocab)
+    assert len(want) == len(spans)
+    for i, (toks, n_a, rand) in enumerate(want):
+      assert ids[i, :lengths[i]].tolist() == toks
+      assert not ids[i, lengths[i]:].any()
+      assert (num_a[i], bool(is_random_next[i])) == (n_a, rand)
 
 
 @pytest.mark.parametrize("path", ["scalar", "batch"])

@@ -31,6 +31,7 @@ and `_work/` removed. A rerun with other settings is refused.
 
 import collections
 import dataclasses
+import itertools
 import json
 import multiprocessing
 import os
@@ -197,17 +198,30 @@ class ShardMapper:
     """Yields the keyed records of every dupe pass over one chunk."""
     c = self.config
     num_shards = c.num_output_shards
+    offsets = [instances_lib.sentence_offsets(d) for d in docs]
+    # Every document's tokens back to back, for assembling rows in numpy.
+    doc_starts = np.cumsum([0] + [o[-1] for o in offsets])
+    tokens = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(docs)),
+                         np.int64, int(doc_starts[-1]))
     for dupe in range(c.dupe_factor):
       origin = (c.random_seed, shard_index, chunk_index, dupe)
       rng = instances_lib.FastRng(origin)
-      # Pairs first (Python, per document), then masking and serialisation
-      # in numpy batches; whole-word masking masks each pair in Python.
-      made = []
-      for doc_index in range(len(docs)):
-        made.extend(instances_lib.create_instances_from_document(
-            docs, doc_index, c.max_seq_length, c.short_seq_prob,
-            c.masked_lm_prob, c.max_predictions_per_seq, self.vocab, rng,
-            c.whole_word_mask, mask=c.whole_word_mask))
+      # Instance spans first (Python, per document), then assembly, masking
+      # and serialisation in numpy batches; whole-word masking masks each
+      # instance in Python as it is made.
+      if c.whole_word_mask:
+        made = []
+        for doc_index in range(len(docs)):
+          made.extend(instances_lib.create_instances_from_document(
+              docs, doc_index, c.max_seq_length, c.short_seq_prob,
+              c.masked_lm_prob, c.max_predictions_per_seq, self.vocab, rng,
+              c.whole_word_mask))
+      else:
+        spans = []
+        for doc_index in range(len(docs)):
+          spans.extend(instances_lib.instance_spans(
+              offsets, doc_index, c.max_seq_length, c.short_seq_prob, rng))
+        made = np.asarray(spans, np.int64).reshape(-1, 7)
       keys = np.random.Generator(np.random.PCG64(np.random.SeedSequence(
           (*origin, _KEY_DOMAIN)))).integers(
               0, 2**64, len(made), dtype=np.uint64, endpoint=False)
@@ -219,9 +233,10 @@ class ShardMapper:
           lengths = np.fromiter((len(i.input_ids) for i in part), np.int64,
                                 len(part))
         else:
-          batch = instances_lib.mask_batch(
-              part, c.max_seq_length, c.masked_lm_prob,
-              c.max_predictions_per_seq, self.vocab, rng.generator)
+          batch = instances_lib.mask_arrays(
+              *instances_lib.assemble_pairs(part, tokens, doc_starts, c.max_seq_length,
+                                            self.vocab),
+              c.masked_lm_prob, c.max_predictions_per_seq, self.vocab, rng.generator)
           data = self.encoder.encode_batch(batch)
           lengths = batch.lengths_B
         out_B = shards[start:start + len(part)]

@@ -277,6 +277,98 @@ def mask_tokens(tokens: list[int], num_a: int, masked_lm_prob: float,
   return output, chosen, [tokens[i] for i in chosen]
 
 
+def instance_spans(doc_offsets: Sequence[Sequence[int]], document_index: int,
+                   max_seq_length: int, short_seq_prob: float, rng):
+  """The original `create_instances_from_document` on sentence offsets.
+
+  doc_offsets[d] holds the token offsets of document d's sentences within
+  the document (0, len(s0), len(s0) + len(s1), ..., len(d)). Yields one
+  (a_doc, a_lo, a_hi, b_doc, b_lo, b_hi, is_random_next) per instance:
+  segment A is tokens [a_lo, a_hi) of document a_doc, B likewise, both
+  already truncated. A generator, so that a caller that masks each instance
+  before taking the next draws random numbers in the original's order.
+  """
+  off = doc_offsets[document_index]
+  num_sentences = len(off) - 1
+  num_documents = len(doc_offsets)
+  max_num_tokens = max_seq_length - 3
+  rnd = rng.random
+  randint = rng.randint
+
+  target_seq_length = max_num_tokens
+  if rnd() < short_seq_prob:
+    target_seq_length = randint(2, max_num_tokens)
+
+  chunk_start = 0  # The current chunk is sentences chunk_start..i.
+  i = 0
+  while i < num_sentences:
+    if i == num_sentences - 1 or off[i + 1] - off[chunk_start] >= target_seq_length:
+      chunk_len = i - chunk_start + 1
+      a_end = 1
+      if chunk_len >= 2:
+        a_end = randint(1, chunk_len - 1)
+      a_lo, a_hi = off[chunk_start], off[chunk_start + a_end]
+
+      if chunk_len == 1 or rnd() < 0.5:
+        is_random_next = True
+        target_b_length = target_seq_length - (a_hi - a_lo)
+        for _ in range(10):
+          b_doc = randint(0, num_documents - 1)
+          if b_doc != document_index:
+            break
+        if b_doc == document_index and num_documents > 1:
+          b_doc = (document_index + 1) % num_documents
+        b_off = doc_offsets[b_doc]
+        last = len(b_off) - 2
+        j = randint(0, last)
+        b_lo = b_off[j]
+        # Whole sentences from j on until B reaches its target length.
+        while j < last and b_off[j + 1] - b_lo < target_b_length:
+          j += 1
+        b_hi = b_off[j + 1]
+        # The segments after A were not used: put them back.
+        i -= chunk_len - a_end
+      else:
+        is_random_next = False
+        b_doc, b_lo, b_hi = document_index, a_hi, off[i + 1]
+
+      ta_lo, ta_hi, tb_lo, tb_hi = _truncate_bounds(
+          a_hi - a_lo, b_hi - b_lo, max_num_tokens, rng)
+      yield (document_index, a_lo + ta_lo, a_lo + ta_hi, b_doc, b_lo + tb_lo,
+             b_lo + tb_hi, is_random_next)
+      chunk_start = i + 1
+    i += 1
+
+
+def sentence_offsets(document: Sequence[Sequence[int]]) -> list[int]:
+  """Token offsets of a document's sentences, for `instance_spans`."""
+  return list(itertools.accumulate(map(len, document), initial=0))
+
+
+class _Documents:
+  """Offsets and flattened tokens of documents, computed when first asked."""
+
+  def __init__(self, documents):
+    self._documents = documents
+    self._offsets = {}
+    self._tokens = {}
+
+  def __len__(self):
+    return len(self._documents)
+
+  def __getitem__(self, d):
+    got = self._offsets.get(d)
+    if got is None:
+      got = self._offsets[d] = sentence_offsets(self._documents[d])
+    return got
+
+  def tokens(self, d):
+    got = self._tokens.get(d)
+    if got is None:
+      got = self._tokens[d] = list(itertools.chain.from_iterable(self._documents[d]))
+    return got
+
+
 def create_instances_from_document(
     all_documents: Sequence[Sequence[Sequence[int]]], document_index: int,
     max_seq_length: int, short_seq_prob: float, masked_lm_prob: float,
@@ -289,76 +381,51 @@ def create_instances_from_document(
   a `random.Random` or a `FastRng`. With `mask=False` the pairs are returned
   unmasked as (tokens, num_a, is_random_next) tuples, for `mask_batch`.
   """
-  document = all_documents[document_index]
-  num_documents = len(all_documents)
-  max_num_tokens = max_seq_length - 3
-  rnd = rng.random
-
-  target_seq_length = max_num_tokens
-  if rnd() < short_seq_prob:
-    target_seq_length = rng.randint(2, max_num_tokens)
-
+  docs = _Documents(all_documents)
   instances = []
-  current_chunk = []
-  current_length = 0
-  i = 0
-  while i < len(document):
-    segment = document[i]
-    current_chunk.append(segment)
-    current_length += len(segment)
-    if i == len(document) - 1 or current_length >= target_seq_length:
-      # current_chunk is never empty here.
-      a_end = 1
-      if len(current_chunk) >= 2:
-        a_end = rng.randint(1, len(current_chunk) - 1)
-      tokens_a = []
-      for j in range(a_end):
-        tokens_a.extend(current_chunk[j])
-
-      tokens_b = []
-      if len(current_chunk) == 1 or rnd() < 0.5:
-        is_random_next = True
-        target_b_length = target_seq_length - len(tokens_a)
-        for _ in range(10):
-          random_document_index = rng.randint(0, num_documents - 1)
-          if random_document_index != document_index:
-            break
-        if random_document_index == document_index and num_documents > 1:
-          random_document_index = (document_index + 1) % num_documents
-        random_document = all_documents[random_document_index]
-        random_start = rng.randint(0, len(random_document) - 1)
-        for j in range(random_start, len(random_document)):
-          tokens_b.extend(random_document[j])
-          if len(tokens_b) >= target_b_length:
-            break
-        # The segments after A were not used: put them back.
-        i -= len(current_chunk) - a_end
-      else:
-        is_random_next = False
-        for j in range(a_end, len(current_chunk)):
-          tokens_b.extend(current_chunk[j])
-
-      a_lo, a_hi, b_lo, b_hi = _truncate_bounds(
-          len(tokens_a), len(tokens_b), max_num_tokens, rng)
-      num_a = a_hi - a_lo
-      tokens = [vocab.cls_id]
-      tokens.extend(tokens_a[a_lo:a_hi])
-      tokens.append(vocab.sep_id)
-      tokens.extend(tokens_b[b_lo:b_hi])
-      tokens.append(vocab.sep_id)
-
-      if mask:
-        output, positions, labels = mask_tokens(
-            tokens, num_a, masked_lm_prob, max_predictions_per_seq, vocab, rng,
-            whole_word_mask)
-        instances.append(Instance(output, num_a, positions, labels,
-                                  is_random_next))
-      else:
-        instances.append((tokens, num_a, is_random_next))
-      current_chunk = []
-      current_length = 0
-    i += 1
+  for a_doc, a_lo, a_hi, b_doc, b_lo, b_hi, is_random_next in instance_spans(
+      docs, document_index, max_seq_length, short_seq_prob, rng):
+    tokens = [vocab.cls_id]
+    tokens.extend(docs.tokens(a_doc)[a_lo:a_hi])
+    tokens.append(vocab.sep_id)
+    tokens.extend(docs.tokens(b_doc)[b_lo:b_hi])
+    tokens.append(vocab.sep_id)
+    num_a = a_hi - a_lo
+    if mask:
+      output, positions, labels = mask_tokens(
+          tokens, num_a, masked_lm_prob, max_predictions_per_seq, vocab, rng,
+          whole_word_mask)
+      instances.append(Instance(output, num_a, positions, labels, is_random_next))
+    else:
+      instances.append((tokens, num_a, is_random_next))
   return instances
+
+
+def assemble_pairs(spans_Nx7: np.ndarray, tokens: np.ndarray, doc_starts: np.ndarray,
+                   max_seq_length: int, vocab: VocabInfo):
+  """[CLS] A [SEP] B [SEP] rows of `instance_spans` tuples, in numpy.
+
+  `tokens` holds every document's tokens back to back and doc_starts[d] is
+  where document d begins. Returns (ids_BxL zero-padded, lengths_B, num_a_B,
+  is_random_next_B).
+  """
+  s = spans_Nx7
+  a_start = doc_starts[s[:, 0]] + s[:, 1]
+  b_start = doc_starts[s[:, 3]] + s[:, 4]
+  num_a, num_b = s[:, 2] - s[:, 1], s[:, 5] - s[:, 4]
+  lengths = num_a + num_b + 3
+  col = np.arange(max_seq_length)[None, :]
+  na, nb = num_a[:, None], num_b[:, None]
+  in_a = (col >= 1) & (col <= na)
+  in_b = (col >= na + 2) & (col < na + 2 + nb)
+  index = np.where(in_a, a_start[:, None] + col - 1,
+                   np.where(in_b, b_start[:, None] + col - na - 2, 0))
+  ids = np.where(in_a | in_b, tokens[index], 0)
+  ids[:, 0] = vocab.cls_id
+  rows = np.arange(len(s))
+  ids[rows, num_a + 1] = vocab.sep_id
+  ids[rows, lengths - 1] = vocab.sep_id
+  return ids, lengths, num_a, s[:, 6].astype(bool)
 
 
 @dataclasses.dataclass
@@ -392,7 +459,24 @@ class MaskedBatch:
 def mask_batch(pairs: Sequence[tuple[list[int], int, bool]], max_seq_length: int,
                masked_lm_prob: float, max_predictions_per_seq: int,
                vocab: VocabInfo, gen: np.random.Generator) -> MaskedBatch:
-  """`mask_tokens` for many pairs at once, in numpy.
+  """`mask_tokens` for many (tokens, num_a, is_random_next) pairs at once."""
+  B, L = len(pairs), max_seq_length
+  lengths = np.fromiter((len(p[0]) for p in pairs), np.int64, B)
+  num_a = np.fromiter((p[1] for p in pairs), np.int64, B)
+  is_random_next = np.fromiter((p[2] for p in pairs), bool, B)
+  valid = np.arange(L) < lengths[:, None]
+  ids = np.zeros((B, L), np.int64)
+  ids[valid] = np.fromiter(itertools.chain.from_iterable([p[0] for p in pairs]),
+                           np.int64, int(lengths.sum()))
+  return mask_arrays(ids, lengths, num_a, is_random_next, masked_lm_prob,
+                     max_predictions_per_seq, vocab, gen)
+
+
+def mask_arrays(ids: np.ndarray, lengths: np.ndarray, num_a: np.ndarray,
+                is_random_next: np.ndarray, masked_lm_prob: float,
+                max_predictions_per_seq: int, vocab: VocabInfo,
+                gen: np.random.Generator) -> MaskedBatch:
+  """`mask_tokens` for a batch of zero-padded [CLS] A [SEP] B [SEP] rows.
 
   The same masking as the original, drawn differently: each row's
   num_predictions = min(P, max(1, round(length * masked_lm_prob))) positions
@@ -401,15 +485,9 @@ def mask_batch(pairs: Sequence[tuple[list[int], int, bool]], max_seq_length: int
   picks [MASK] (< 0.8), the original token (< 0.9) or a random non-special
   id. Not for whole-word masking (use `mask_tokens`).
   """
-  B, L, P = len(pairs), max_seq_length, max_predictions_per_seq
-  lengths = np.fromiter((len(p[0]) for p in pairs), np.int64, B)
-  num_a = np.fromiter((p[1] for p in pairs), np.int64, B)
-  is_random_next = np.fromiter((p[2] for p in pairs), bool, B)
+  (B, L), P = ids.shape, max_predictions_per_seq
   col = np.arange(L)
   valid = col < lengths[:, None]
-  ids = np.zeros((B, L), np.int64)
-  ids[valid] = np.fromiter(itertools.chain.from_iterable([p[0] for p in pairs]),
-                           np.int64, int(lengths.sum()))
   cand = (valid & (col > 0) & (col != (num_a + 1)[:, None])
           & (col != (lengths - 1)[:, None]))
   # np.round, like Python's round, rounds halves to even.
