@@ -1,6 +1,6 @@
 """Pretraining data creation as an Apache Beam pipeline.
 
-The same map step as the local driver (`creation.ShardMapper`) runs per input
+The same map step as the local driver (`mapper.ShardMapper`) runs per input
 shard; a GroupByKey on the output shard replaces the local spill files, and
 each output shard is sorted by the same (key, origin) before it is written.
 So the shards are byte-identical to those of `creation.create_pretraining_data`
@@ -21,6 +21,7 @@ from typing import Optional, Sequence
 
 from bertjax.data import creation
 from bertjax.data import documents
+from bertjax.data import mapper
 from bertjax.data import records
 from bertjax.data import schema
 
@@ -49,13 +50,13 @@ def _build(pipeline, shards, tokenizer_spec, config, output_dir):
     """One input shard -> (output shard, (sort key, record)) + its stats."""
 
     def setup(self):
-      self.mapper = creation.ShardMapper(config, tokenizer_spec.load())
+      self.mapper = mapper.ShardMapper(config, tokenizer_spec.load())
 
     def process(self, shard):
       report = collections.Counter()
       for out, key, data in self.mapper.map_shard(shard, report):
         yield out, (key, data)
-      inst, toks, plain = creation._split_report(  # pylint: disable=protected-access
+      inst, toks, plain = mapper.split_report(
           report, config.num_output_shards)
       yield beam.pvalue.TaggedOutput("stats", {
           "instances": inst, "tokens": toks, "report": plain})
