@@ -13,6 +13,7 @@ import random
 import numpy as np
 import pytest
 
+from bertjax.data import instance_batches
 from bertjax.data import instances
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -228,19 +229,19 @@ def _statistics_corpus(seed, num_docs, min_len, max_len, sentences=(4, 30)):
 
 
 def _make(docs, vocab, max_seq_length, short_seq_prob, max_pred, seed, path):
-  """Instances by the scalar path or by pairs + mask_batch (the driver's)."""
+  """Instances by the scalar path or by spans + instance_batches (the driver's)."""
   made = []
+  tokens, starts, offsets = _flat(docs)
   for doc_index in range(len(docs)):
     rng = instances.FastRng([seed, doc_index])
     if path == "scalar":
       got = instances.create_instances_from_document(
           docs, doc_index, max_seq_length, short_seq_prob, 0.15, max_pred, vocab, rng)
     else:
-      tokens, starts, offsets = _flat(docs)
       spans = np.asarray(list(instances.instance_spans(
           offsets, doc_index, max_seq_length, short_seq_prob, rng)), np.int64)
-      batch = instances.mask_arrays(
-          *instances.assemble_pairs(spans, tokens, starts, max_seq_length, vocab),
+      batch = instance_batches.mask_arrays(
+          *instance_batches.assemble_pairs(spans, tokens, starts, max_seq_length, vocab),
           0.15, max_pred, vocab, rng.generator)
       got = [batch.instance(i) for i in range(len(batch))]
     made.extend(got)
@@ -272,7 +273,7 @@ def test_spans_assembled_in_numpy_equal_the_scalar_pairs(short_seq_prob):
     spans = np.asarray(list(instances.instance_spans(
         offsets, doc_index, 48, short_seq_prob, instances.FastRng([7, doc_index]))),
                        np.int64).reshape(-1, 7)
-    ids, lengths, num_a, is_random_next = instances.assemble_pairs(
+    ids, lengths, num_a, is_random_next = instance_batches.assemble_pairs(
         spans, tokens, starts, 48, vocab)
     assert len(want) == len(spans)
     for i, (toks, n_a, rand) in enumerate(want):

@@ -58,7 +58,9 @@ def restore_malloc_thresholds() -> bool:
   except (AttributeError, OSError):
     return False
   m_trim_threshold, m_mmap_threshold = -1, -3
-  return bool(mallopt(m_mmap_threshold, 32 << 20)) & bool(mallopt(m_trim_threshold, 64 << 20))
+  mmap_set = mallopt(m_mmap_threshold, 32 << 20)
+  trim_set = mallopt(m_trim_threshold, 64 << 20)
+  return bool(mmap_set and trim_set)
 
 
 def describe_mismatch(serialized: bytes, max_seq_length: int,

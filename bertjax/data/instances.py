@@ -137,7 +137,7 @@ class FastRng(random.Random):
 
   @property
   def generator(self) -> np.random.Generator:
-    """The numpy generator (for `mask_batch`)."""
+    """The numpy generator (for instance_batches.mask_arrays)."""
     return self._np
 
   def shuffle(self, x):  # pylint: disable=arguments-differ
@@ -379,7 +379,8 @@ def create_instances_from_document(
   A document is a list of sentences, each a non-empty list of ids (no
   special ids). `rng` needs `random()`, `randint(a, b)` and `shuffle(list)`:
   a `random.Random` or a `FastRng`. With `mask=False` the pairs are returned
-  unmasked as (tokens, num_a, is_random_next) tuples, for `mask_batch`.
+  unmasked as (tokens, num_a, is_random_next) tuples (what the batched path,
+  instance_batches.py, is checked against).
   """
   docs = _Documents(all_documents)
   instances = []
@@ -399,126 +400,3 @@ def create_instances_from_document(
     else:
       instances.append((tokens, num_a, is_random_next))
   return instances
-
-
-def assemble_pairs(spans_Nx7: np.ndarray, tokens: np.ndarray, doc_starts: np.ndarray,
-                   max_seq_length: int, vocab: VocabInfo):
-  """[CLS] A [SEP] B [SEP] rows of `instance_spans` tuples, in numpy.
-
-  `tokens` holds every document's tokens back to back and doc_starts[d] is
-  where document d begins. Returns (ids_BxL zero-padded, lengths_B, num_a_B,
-  is_random_next_B).
-  """
-  s = spans_Nx7
-  a_start = doc_starts[s[:, 0]] + s[:, 1]
-  b_start = doc_starts[s[:, 3]] + s[:, 4]
-  num_a, num_b = s[:, 2] - s[:, 1], s[:, 5] - s[:, 4]
-  lengths = num_a + num_b + 3
-  col = np.arange(max_seq_length)[None, :]
-  na, nb = num_a[:, None], num_b[:, None]
-  in_a = (col >= 1) & (col <= na)
-  in_b = (col >= na + 2) & (col < na + 2 + nb)
-  index = np.where(in_a, a_start[:, None] + col - 1,
-                   np.where(in_b, b_start[:, None] + col - na - 2, 0))
-  ids = np.where(in_a | in_b, tokens[index], 0)
-  ids[:, 0] = vocab.cls_id
-  rows = np.arange(len(s))
-  ids[rows, num_a + 1] = vocab.sep_id
-  ids[rows, lengths - 1] = vocab.sep_id
-  return ids, lengths, num_a, s[:, 6].astype(bool)
-
-
-@dataclasses.dataclass
-class MaskedBatch:
-  """Instances as padded arrays (B instances, L = max_seq_length, P = max pred).
-
-  Rows are the records' features before padding is counted: `input_ids_BxL`
-  is masked and zero-padded, the first `num_a_B + 2` tokens are segment 0,
-  positions are ascending in each row, and `num_predictions_B` of the P
-  prediction slots are used.
-  """
-  input_ids_BxL: np.ndarray
-  lengths_B: np.ndarray
-  num_a_B: np.ndarray
-  masked_lm_positions_BxP: np.ndarray
-  masked_lm_ids_BxP: np.ndarray
-  num_predictions_B: np.ndarray
-  is_random_next_B: np.ndarray
-
-  def __len__(self):
-    return len(self.lengths_B)
-
-  def instance(self, i: int) -> Instance:
-    n, k = int(self.lengths_B[i]), int(self.num_predictions_B[i])
-    return Instance(self.input_ids_BxL[i, :n].tolist(), int(self.num_a_B[i]),
-                    self.masked_lm_positions_BxP[i, :k].tolist(),
-                    self.masked_lm_ids_BxP[i, :k].tolist(),
-                    bool(self.is_random_next_B[i]))
-
-
-def mask_batch(pairs: Sequence[tuple[list[int], int, bool]], max_seq_length: int,
-               masked_lm_prob: float, max_predictions_per_seq: int,
-               vocab: VocabInfo, gen: np.random.Generator) -> MaskedBatch:
-  """`mask_tokens` for many (tokens, num_a, is_random_next) pairs at once."""
-  B, L = len(pairs), max_seq_length
-  lengths = np.fromiter((len(p[0]) for p in pairs), np.int64, B)
-  num_a = np.fromiter((p[1] for p in pairs), np.int64, B)
-  is_random_next = np.fromiter((p[2] for p in pairs), bool, B)
-  valid = np.arange(L) < lengths[:, None]
-  ids = np.zeros((B, L), np.int64)
-  ids[valid] = np.fromiter(itertools.chain.from_iterable([p[0] for p in pairs]),
-                           np.int64, int(lengths.sum()))
-  return mask_arrays(ids, lengths, num_a, is_random_next, masked_lm_prob,
-                     max_predictions_per_seq, vocab, gen)
-
-
-def mask_arrays(ids: np.ndarray, lengths: np.ndarray, num_a: np.ndarray,
-                is_random_next: np.ndarray, masked_lm_prob: float,
-                max_predictions_per_seq: int, vocab: VocabInfo,
-                gen: np.random.Generator) -> MaskedBatch:
-  """`mask_tokens` for a batch of zero-padded [CLS] A [SEP] B [SEP] rows.
-
-  The same masking as the original, drawn differently: each row's
-  num_predictions = min(P, max(1, round(length * masked_lm_prob))) positions
-  are the candidates with the smallest uniform keys (a uniformly random
-  subset, as a shuffle's prefix is), and one uniform per chosen position
-  picks [MASK] (< 0.8), the original token (< 0.9) or a random non-special
-  id. Not for whole-word masking (use `mask_tokens`).
-  """
-  (B, L), P = ids.shape, max_predictions_per_seq
-  col = np.arange(L)
-  valid = col < lengths[:, None]
-  cand = (valid & (col > 0) & (col != (num_a + 1)[:, None])
-          & (col != (lengths - 1)[:, None]))
-  # np.round, like Python's round, rounds halves to even.
-  k = np.minimum(P, np.maximum(1, np.round(lengths * masked_lm_prob))).astype(
-      np.int64)
-  # The k smallest of uniform keys over the candidates: the P smallest by
-  # partition, sorted, then the first k of them that are candidates.
-  keys = gen.random((B, L))
-  keys[~cand] = 2.0
-  part = np.argpartition(keys, P - 1, axis=1)[:, :P] if P < L else (
-      np.broadcast_to(col, (B, L)).copy())
-  part_keys = np.take_along_axis(keys, part, axis=1)
-  by_key = np.argsort(part_keys, axis=1)
-  cols_by_key = np.take_along_axis(part, by_key, axis=1)
-  used = ((np.arange(P) < k[:, None])
-          & (np.take_along_axis(part_keys, by_key, axis=1) < 2.0))
-  positions = np.sort(np.where(used, cols_by_key, L), axis=1)
-  used = positions < L
-  positions[~used] = 0
-  counts = used.sum(axis=1)
-  labels = np.where(used, np.take_along_axis(ids, positions, axis=1), 0)
-  # One uniform per prediction: [MASK] below 0.8, unchanged below 0.9, else
-  # a random non-special id.
-  u = gen.random((B, P))
-  rows = np.broadcast_to(np.arange(B)[:, None], (B, P))
-  to_mask = used & (u < 0.8)
-  to_random = used & (u >= 0.9)
-  masked = ids.copy()
-  masked[rows[to_mask], positions[to_mask]] = vocab.mask_id
-  replacement = vocab.replacement_array
-  masked[rows[to_random], positions[to_random]] = replacement[
-      gen.integers(0, len(replacement), int(to_random.sum()))]
-  return MaskedBatch(masked, lengths, num_a, positions, labels, counts,
-                     is_random_next)

@@ -24,6 +24,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from bertjax.data import documents
+from bertjax.data import instance_batches
 from bertjax.data import instances as instances_lib
 from bertjax.data import records
 
@@ -209,9 +210,9 @@ class ShardMapper:
           lengths = np.fromiter((len(i.input_ids) for i in part), np.int64,
                                 len(part))
         else:
-          batch = instances_lib.mask_arrays(
-              *instances_lib.assemble_pairs(part, tokens, doc_starts, c.max_seq_length,
-                                            self.vocab),
+          batch = instance_batches.mask_arrays(
+              *instance_batches.assemble_pairs(part, tokens, doc_starts,
+                                               c.max_seq_length, self.vocab),
               c.masked_lm_prob, c.max_predictions_per_seq, self.vocab, rng.generator)
           data = self.encoder.encode_batch(batch)
           lengths = batch.lengths_B

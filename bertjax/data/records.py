@@ -139,7 +139,7 @@ class ExampleEncoder:
             nbytes.sum(axis=-1))
 
   def encode_batch(self, batch) -> list[bytes]:
-    """Serialises an `instances.MaskedBatch`; the same bytes as `encode`."""
+    """Serialises an `instance_batches.MaskedBatch`; the same bytes as `encode`."""
     L, P = self.max_seq_length, self.max_predictions_per_seq
     if batch.input_ids_BxL.shape[1] != L or batch.masked_lm_positions_BxP.shape[1] != P:
       raise ValueError("batch shapes do not match max_seq_length / "

@@ -238,9 +238,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
             if preempted(step):
               return {"preempted_at_step": step}
         finally:
-          logging.info("TIMING close start")
           batches.close()
-          logging.info("TIMING close done")
         save(step)
         phase_summary = {"steps": phase.num_steps}
         if phase.eval_files:
