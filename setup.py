@@ -1,4 +1,4 @@
-"""Installs bertjax. Extras: tpu, gpu, beam, test."""
+"""Installs bertjax. Extras: tpu, gpu, beam, bench, test."""
 
 import setuptools
 
@@ -34,11 +34,15 @@ setuptools.setup(
         "tpu": ["jax[tpu]"],
         "gpu": ["jax[cuda12]"],
         "beam": ["apache-beam>=2.50"],
+        # The original release's create_pretraining_data.py, for comparison.
+        "bench": ["bert-tensorflow==1.0.4"],
         "test": [
             "pytest>=8",
             "pytest-xdist>=3",
             # Reference implementation for parity tests (Flax BERT, no PyTorch).
             "transformers>=4.40,<5",
+            # The original release's data creation, for interchange tests.
+            "bert-tensorflow==1.0.4",
         ],
     },
     entry_points={

@@ -1,13 +1,14 @@
 """End-to-end tests of pretraining data creation (creation.py, Beam, CLI)."""
 
 import collections
+import dataclasses
 import filecmp
+import multiprocessing
 import os
 import random
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
 from bertjax.data import creation
@@ -155,6 +156,25 @@ def test_one_and_two_workers_give_identical_bytes(setup, tmp_path):
                                    setup["config"], out2, num_workers=2,
                                    source="test", show_progress=True)
   _same_files(setup["out1"], out2)
+
+
+@dataclasses.dataclass(frozen=True)
+class _DyingSpec(creation.TokenizerSpec):
+  """Loads the tokenizer here, but kills the worker process that loads it."""
+
+  def load(self):
+    if multiprocessing.parent_process() is not None:
+      os._exit(3)  # pylint: disable=protected-access
+    return super().load()
+
+
+def test_a_dying_worker_stops_the_run_with_an_error(setup, tmp_path):
+  spec = _DyingSpec("wordpiece", setup["spec"].path, True)
+  with pytest.raises(RuntimeError, match="worker process stopped unexpectedly "
+                     "while mapping input shard"):
+    creation.create_pretraining_data(setup["shards"], spec, setup["config"],
+                                     str(tmp_path / "dead"), num_workers=2,
+                                     show_progress=False, log=lambda *a: None)
 
 
 def test_beam_direct_runner_equals_worker_output(setup, tmp_path):

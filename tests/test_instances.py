@@ -282,6 +282,33 @@ def test_spans_assembled_in_numpy_equal_the_scalar_pairs(short_seq_prob):
       assert (num_a[i], bool(is_random_next[i])) == (n_a, rand)
 
 
+def test_batched_masking_draws_uniform_subsets():
+  B, L, P, n, num_a = 20000, 40, 10, 37, 15
+  vocab = instances.VocabInfo.create(100, {"pad": 0, "unk": 1, "cls": 2,
+                                           "sep": 3, "mask": 4})
+  ids = np.zeros((B, L), np.int64)
+  ids[:, :n] = np.arange(10, 10 + n)
+  ids[:, 0], ids[:, num_a + 1], ids[:, n - 1] = 2, 3, 3
+  batch = instance_batches.mask_arrays(
+      ids, np.full(B, n), np.full(B, num_a), np.zeros(B, bool), 0.15, P, vocab,
+      np.random.default_rng(0))
+  k = round(n * 0.15)
+  assert (batch.num_predictions_B == k).all()
+  used = np.arange(P) < k
+  pos = batch.masked_lm_positions_BxP[:, used]
+  assert (np.diff(pos, axis=1) > 0).all() and not batch.masked_lm_positions_BxP[:, k:].any()
+  counts = np.bincount(pos.ravel(), minlength=L)
+  cand = [c for c in range(1, n - 1) if c != num_a + 1]
+  assert counts[[c for c in range(L) if c not in cand]].sum() == 0
+  expected = B * k / len(cand)
+  assert np.abs(counts[cand] / expected - 1).max() < 0.06
+  # Pairs too: the first and last candidate are chosen together as often
+  # as a uniform subset has them.
+  both = ((pos == cand[0]).any(axis=1) & (pos == cand[-1]).any(axis=1)).mean()
+  want = k * (k - 1) / (len(cand) * (len(cand) - 1))
+  assert abs(both / want - 1) < 0.15
+
+
 @pytest.mark.parametrize("path", ["scalar", "batch"])
 def test_mlm_statistics_over_10k_instances(path):
   # Every sentence has >= 50 tokens and the target is 100 (short_seq_prob 0),

@@ -4,12 +4,17 @@ WordPiece is checked id for id against transformers' BertTokenizer (the
 original algorithm in Python) with the same vocab, uncased and cased.
 """
 
+import json
+import os
 import pickle
 import random
 import unicodedata
 
+import numpy as np
 import pytest
 
+from bertjax.data import ascii_words
+from bertjax.data import basic_tokenizer
 from bertjax.data import schema
 from bertjax.data import tokenization
 from bertjax.data import vocab as vocab_lib
@@ -101,6 +106,79 @@ def test_wordpiece_matches_bert_tokenizer_id_for_id(parity, lower):
   unk = ours.special_ids["unk"]
   assert sum(ids.count(unk) for ids in got) > 10
   assert sum(len(ids) for ids in got) > 10000
+
+
+def _ascii_texts(n, seed):
+  rng = random.Random(seed)
+  pool = [chr(c) for c in range(128)] + list("abcdefghij  ") * 8
+  words = ["the", "Python", "UNwanted", "running", "HELLO", "x" * 101,
+           "a" * 100, "caf", "it's", "e.g.", "1,000", "[mask"]
+  out = []
+  for _ in range(n):
+    parts = [rng.choice(words) if rng.random() < 0.4 else "".join(
+        rng.choice(pool) for _ in range(rng.randint(0, 12)))
+             for _ in range(rng.randint(0, 8))]
+    out.append(" ".join(parts))
+  return out
+
+
+@pytest.mark.parametrize("lower", [True, False], ids=["uncased", "cased"])
+def test_ascii_word_path_matches_bert_tokenizer(parity, lower):
+  # ASCII texts take the word-cache path (ascii_words.py): every ASCII
+  # character, newlines inside texts, words over 100 characters.
+  ours, ref = parity[lower]
+  texts = _ascii_texts(1500, seed=10 + lower)
+  got = ours.encode_batch(texts)
+  for text, ids in zip(texts, got):
+    assert ids == ref.convert_tokens_to_ids(ref.tokenize(text)), text
+  assert got == ours._encode_compiled(texts)  # pylint: disable=protected-access
+  assert sum(map(len, got)) > 20000
+  # A cache that fills up starts over and gives the same ids.
+  small = ascii_words.AsciiWords(
+      ours._encode_compiled, lower, max_words=40)  # pylint: disable=protected-access
+  for start in (0, 500, 0):
+    ids, lengths = small.encode_flat(texts[start:start + 500])
+    assert lengths.tolist() == [len(x) for x in got[start:start + 500]]
+    assert ids.tolist() == [i for x in got[start:start + 500] for i in x]
+  assert len(small._index) > 40  # pylint: disable=protected-access
+  assert small.encode_flat(["Zebra Stripes"])[0].tolist() == ours.encode(
+      "Zebra Stripes")
+  assert len(small._index) <= 40  # pylint: disable=protected-access
+  # Batches mixing ASCII and other texts keep every text in its place.
+  others = _random_texts(parity["chars"], ours.basic.unmatched, 300, seed=5)
+  mixed = [t for pair in zip(texts[:300], others) for t in pair]
+  ids, lengths = ours.encode_flat(mixed)
+  want = ours._encode_compiled(mixed)  # pylint: disable=protected-access
+  assert lengths.tolist() == [len(x) for x in want]
+  assert ids.tolist() == [i for x in want for i in x]
+  assert ids.dtype == np.int32
+
+
+def test_calibration_is_kept_on_disk(tmp_path, monkeypatch):
+  monkeypatch.setenv("BERTJAX_CACHE_DIR", str(tmp_path))
+  calibrate = basic_tokenizer._calibrate  # pylint: disable=protected-access
+  calibrate.cache_clear()
+  try:
+    computed = calibrate(True)
+    path = basic_tokenizer.cache_path(True)
+    assert os.path.dirname(path) == str(tmp_path) and os.path.exists(path)
+    calibrate.cache_clear()
+    loaded = calibrate(True)
+    for cal in (loaded,):
+      assert cal.table == computed.table and cal.unmatched == computed.unmatched
+      assert cal.pattern.pattern == computed.pattern.pattern
+      assert cal.astral.pattern == computed.astral.pattern
+    # A damaged file is computed afresh and replaced.
+    with open(path, "w") as f:
+      f.write("{not json")
+    calibrate.cache_clear()
+    assert calibrate(True).table == computed.table
+    with open(path) as f:
+      assert json.load(f)["table"] == computed.table
+    monkeypatch.setenv("BERTJAX_CACHE_DIR", "")
+    assert basic_tokenizer.cache_path(True) is None
+  finally:
+    calibrate.cache_clear()
 
 
 def test_wordpiece_known_answers(parity, tmp_path):

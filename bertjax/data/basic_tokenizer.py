@@ -32,10 +32,14 @@ of Unicode test files.
 
 import bisect
 import functools
+import json
+import os
 import re
-from typing import NamedTuple, Sequence
+import sys
+from typing import NamedTuple, Optional, Sequence
 import unicodedata
 
+import tokenizers
 from tokenizers import normalizers
 from tokenizers import pre_tokenizers
 
@@ -88,8 +92,64 @@ class _Calibration(NamedTuple):
   unmatched: str
 
 
+_CALIBRATION_VERSION = 1  # Bump when _compare changes.
+
+
+def cache_path(do_lower_case: bool) -> Optional[str]:
+  """Where a calibration is kept between processes, or None for nowhere.
+
+  $BERTJAX_CACHE_DIR, else $XDG_CACHE_HOME/bertjax, else ~/.cache/bertjax;
+  BERTJAX_CACHE_DIR="" turns the cache off. The name holds everything the
+  result depends on: this code's version, Python's Unicode tables and the
+  `tokenizers` version.
+  """
+  root = os.environ.get("BERTJAX_CACHE_DIR")
+  if root is None:
+    root = os.path.join(os.environ.get("XDG_CACHE_HOME")
+                        or os.path.expanduser("~/.cache"), "bertjax")
+  if not root:
+    return None
+  return os.path.join(root, (
+      f"basic_tokenizer-v{_CALIBRATION_VERSION}-py{sys.version_info[0]}."
+      f"{sys.version_info[1]}-unicode{unicodedata.unidata_version}-tokenizers"
+      f"{tokenizers.__version__}-{'uncased' if do_lower_case else 'cased'}"
+      ".json"))
+
+
 @functools.lru_cache(maxsize=2)
 def _calibrate(do_lower_case: bool) -> _Calibration:
+  """The calibration: from the cache file if there is one, else computed.
+
+  Computing takes about a second; worker processes of a data creation run
+  would each pay it, so the result is kept on disk. An unreadable cache file
+  is ignored (and replaced), as is one that cannot be written.
+  """
+  path = cache_path(do_lower_case)
+  if path is not None:
+    try:
+      with open(path, encoding="utf-8") as f:
+        saved = json.load(f)
+      return _Calibration(re.compile(saved["pattern"]),
+                          re.compile(saved["astral"]), saved["table"],
+                          saved["unmatched"])
+    except (OSError, ValueError, KeyError, TypeError, re.error):
+      pass
+  cal = _compare(do_lower_case)
+  if path is not None:
+    try:
+      os.makedirs(os.path.dirname(path), exist_ok=True)
+      tmp = f"{path}.tmp-{os.getpid()}"
+      with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"pattern": cal.pattern.pattern,
+                   "astral": cal.astral.pattern, "table": cal.table,
+                   "unmatched": cal.unmatched}, f)
+      os.replace(tmp, path)
+    except OSError:
+      pass
+  return cal
+
+
+def _compare(do_lower_case: bool) -> _Calibration:
   """Compares the original and the compiled code on every character."""
   category = unicodedata.category
   scanned, dropped = list(_SCANNED), list(_ALWAYS_DROPPED)

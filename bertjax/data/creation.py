@@ -23,13 +23,14 @@ and `_work/` removed. A rerun with other settings is refused.
 """
 
 import collections
+import concurrent.futures
+import contextlib
 import dataclasses
 import json
 import multiprocessing
 import os
 import queue
 import shutil
-import struct
 import sys
 import time
 from typing import Any, Optional, Sequence
@@ -47,8 +48,6 @@ TokenizerSpec = mapper.TokenizerSpec
 ShardMapper = mapper.ShardMapper
 
 WORK_DIR = "_work"
-_SORT_KEY = mapper.SORT_KEY
-_LENGTH = struct.Struct(">I")
 
 
 # ---------------------------------------------------------------------------
@@ -65,7 +64,13 @@ def _worker_init(config, tokenizer_spec, progress_queue):
 
 
 def _map_task(shard: documents.InputShard, work_dir: str) -> dict[str, Any]:
-  """Runs the map step of one input shard, spilling records to disk."""
+  """Runs the map step of one input shard, spilling records to disk.
+
+  A spill ("run") is three files: `.bin` holds the TFRecord frames of every
+  output shard in turn, `.keys` their sort keys and lengths (SORT_DTYPE)
+  in the same order, `.offsets` where each output shard's part begins, in
+  records and in bytes.
+  """
   shard_mapper: ShardMapper = _WORKER["mapper"]
   q = _WORKER.get("queue")
   config = shard_mapper.config
@@ -74,22 +79,27 @@ def _map_task(shard: documents.InputShard, work_dir: str) -> dict[str, Any]:
   shutil.rmtree(task_dir, ignore_errors=True)
   os.makedirs(task_dir)
   report = collections.Counter()
-  buffers = [[] for _ in range(S)]
+  frames = [[] for _ in range(S)]
+  keys = [[] for _ in range(S)]
   buffered = 0
   runs = 0
   last_bytes = 0
 
   def flush():
     nonlocal buffered, runs
-    offsets = [0]
-    path = os.path.join(task_dir, f"run-{runs:05d}.bin")
-    with open(path, "wb") as f:
+    path = os.path.join(task_dir, f"run-{runs:05d}")
+    offsets = np.zeros((S + 1, 2), "<i8")
+    with open(path + ".bin", "wb") as f:
       for s in range(S):
-        data = b"".join(buffers[s])
+        data = b"".join(frames[s])
         f.write(data)
-        offsets.append(offsets[-1] + len(data))
-        buffers[s] = []
-    np.asarray(offsets, "<i8").tofile(path + ".offsets")
+        offsets[s + 1] = offsets[s] + (sum(map(len, keys[s])), len(data))
+        frames[s] = []
+    np.concatenate([k for ks in keys for k in ks] or [
+        np.zeros(0, mapper.SORT_DTYPE)]).tofile(path + ".keys")
+    offsets.tofile(path + ".offsets")
+    for s in range(S):
+      keys[s] = []
     runs += 1
     buffered = 0
 
@@ -101,9 +111,14 @@ def _map_task(shard: documents.InputShard, work_dir: str) -> dict[str, Any]:
       _WORKER["callback"](bytes_read - last_bytes, n)
     last_bytes = bytes_read
 
-  for out, head, data in shard_mapper.map_shard(shard, report, progress):
-    buffers[out].append(head + _LENGTH.pack(len(data)) + data)
-    buffered += len(data) + 28
+  for batch in shard_mapper.map_shard_batches(shard, report, progress):
+    blob, ends = batch.frames.blob, batch.frames.ends
+    rows = np.concatenate([[0], np.cumsum(batch.shard_counts)])
+    starts = np.concatenate([[0], ends])[rows].tolist()
+    for s in np.flatnonzero(batch.shard_counts).tolist():
+      frames[s].append(blob[starts[s]:starts[s + 1]])
+      keys[s].append(batch.keys[rows[s]:rows[s + 1]])
+    buffered += len(blob)
     if buffered >= config.spill_bytes:
       flush()
   if buffered or runs == 0:
@@ -121,33 +136,38 @@ def _map_task(shard: documents.InputShard, work_dir: str) -> dict[str, Any]:
 def _reduce_task(shard_index: int, output_dir: str, work_dir: str,
                  map_indices: Sequence[int], num_shards: int) -> int:
   """Sorts one output shard's records from every map task and writes it."""
-  entries = []
+  key_parts, parts = [], []
   for m in map_indices:
     task_dir = os.path.join(work_dir, f"map-{m:05d}")
     for name in sorted(os.listdir(task_dir)):
       if not name.endswith(".bin"):
         continue
-      path = os.path.join(task_dir, name)
-      offsets = np.fromfile(path + ".offsets", "<i8")
-      start, end = int(offsets[shard_index]), int(offsets[shard_index + 1])
-      with open(path, "rb") as f:
-        f.seek(start)
-        buf = f.read(end - start)
-      entries.extend(_parse_entries(buf))
-  entries.sort(key=lambda e: e[0])
+      path = os.path.join(task_dir, name[:-len(".bin")])
+      offsets = np.fromfile(path + ".offsets", "<i8").reshape(-1, 2)
+      (r0, b0), (r1, b1) = offsets[shard_index], offsets[shard_index + 1]
+      key_parts.append(np.fromfile(
+          path + ".keys", mapper.SORT_DTYPE, count=int(r1 - r0),
+          offset=int(r0) * mapper.SORT_DTYPE.itemsize))
+      with open(path + ".bin", "rb") as f:
+        f.seek(int(b0))
+        parts.append(f.read(int(b1 - b0)))
+  keys = (np.concatenate(key_parts) if key_parts
+          else np.zeros(0, mapper.SORT_DTYPE))
+  lengths = keys["length"].astype(np.int64)
+  # Where each record is: its part and its offset there.
+  counts = [len(k) for k in key_parts]
+  part_of = np.repeat(np.arange(len(parts)), counts)
+  starts = np.cumsum(lengths) - lengths  # As if the parts were joined.
+  part_base = np.concatenate([starts, [0]])[np.cumsum([0] + counts[:-1])]
+  starts -= part_base[part_of]
+  order = np.lexsort([keys[f] for f in reversed(mapper.SORT_FIELDS)])
+  lengths = lengths[order]
+  views = [memoryview(p) for p in parts]
+  blob = b"".join([views[p][a:a + n] for p, a, n in zip(
+      part_of[order].tolist(), starts[order].tolist(), lengths.tolist())])
   path = os.path.join(output_dir, records.shard_name(shard_index, num_shards))
-  return records.write_shard(path, (data for _, data in entries))
-
-
-def _parse_entries(buf: bytes) -> list[tuple[bytes, bytes]]:
-  """(sort key, record) pairs of a spill segment."""
-  out, pos, n = [], 0, len(buf)
-  key_size, head = _SORT_KEY.size, _SORT_KEY.size + _LENGTH.size
-  while pos < n:
-    (length,) = _LENGTH.unpack_from(buf, pos + key_size)
-    out.append((buf[pos:pos + key_size], buf[pos + head:pos + head + length]))
-    pos += head + length
-  return out
+  records.write_framed_shard(path, blob, np.cumsum(lengths) - lengths)
+  return len(keys)
 
 
 def _fingerprint(config, tokenizer, shards) -> dict[str, Any]:
@@ -246,23 +266,25 @@ def create_pretraining_data(
   if done:
     log(f"Resuming: {len(done)} of {len(shards)} input shards already mapped.")
   total_bytes = sum(s.size_bytes for s in todo)
-  start = time.time()
-  for result in _run_map(todo, tokenizer_spec, config, work_dir, num_workers,
-                         total_bytes, show_progress):
-    done[result["index"]] = result
-  map_seconds = time.time() - start
-
-  inst = np.sum([d["instances"] for d in done.values()], axis=0, dtype=np.int64)
-  toks = np.sum([d["tokens"] for d in done.values()], axis=0, dtype=np.int64)
-  report = collections.Counter()
-  for d in done.values():
-    report.update(d["report"])
   todo_shards = [s for s in range(S) if not os.path.exists(
       os.path.join(output_dir, records.shard_name(s, S)))]
-  map_indices = sorted(done)
-  start = time.time()
-  counts = _run_reduce(todo_shards, output_dir, work_dir, map_indices, S,
-                       num_workers, show_progress)
+  with _worker_pool(num_workers, max(len(todo), len(todo_shards)), config,
+                    tokenizer_spec) as (pool, q):
+    start = time.time()
+    for result in _run_map(todo, pool, q, tokenizer_spec, config, work_dir,
+                           total_bytes, show_progress):
+      done[result["index"]] = result
+    map_seconds = time.time() - start
+    inst = np.sum([d["instances"] for d in done.values()], axis=0,
+                  dtype=np.int64)
+    toks = np.sum([d["tokens"] for d in done.values()], axis=0,
+                  dtype=np.int64)
+    report = collections.Counter()
+    for d in done.values():
+      report.update(d["report"])
+    start = time.time()
+    counts = _run_reduce(todo_shards, pool, output_dir, work_dir, sorted(done),
+                         S, show_progress)
   for s, n in counts.items():
     if n != inst[s]:
       raise RuntimeError(f"shard {s}: wrote {n} records, mapped {inst[s]}.")
@@ -274,9 +296,37 @@ def create_pretraining_data(
   return metadata
 
 
-def _run_map(shards, tokenizer_spec, config, work_dir, num_workers,
-             total_bytes, show_progress):
-  """Runs map tasks in this process or in a pool; yields their results."""
+@contextlib.contextmanager
+def _worker_pool(num_workers, num_tasks, config, tokenizer_spec):
+  """Yields (pool, progress queue), or (None, None) to work in this process.
+
+  One pool of spawned processes serves both the map and the reduce tasks. A
+  worker that dies (killed, out of memory) breaks the pool, and the run
+  stops with an error instead of waiting for it.
+  """
+  if num_workers == 1 or num_tasks <= 1:
+    yield None, None
+    return
+  ctx = multiprocessing.get_context("spawn")
+  q = ctx.Queue()
+  with concurrent.futures.ProcessPoolExecutor(
+      min(num_workers, num_tasks), mp_context=ctx, initializer=_worker_init,
+      initargs=(config, tokenizer_spec, q)) as pool:
+    yield pool, q
+
+
+def _result(future, what):
+  try:
+    return future.result()  # Re-raises a worker's error here.
+  except concurrent.futures.process.BrokenProcessPool as e:
+    raise RuntimeError(
+        f"a worker process stopped unexpectedly while {what} (killed, or out "
+        "of memory? fewer --num_workers use less); rerun to resume.") from e
+
+
+def _run_map(shards, pool, q, tokenizer_spec, config, work_dir, total_bytes,
+             show_progress):
+  """Runs map tasks in this process or in the pool; yields their results."""
   bar = _progress_bar(total_bytes, show_progress)
   counts = {"instances": 0, "start": time.time()}
 
@@ -290,7 +340,7 @@ def _run_map(shards, tokenizer_spec, config, work_dir, num_workers,
                       refresh=False)
 
   try:
-    if num_workers == 1 or len(shards) <= 1:
+    if pool is None:
       _worker_init(config, tokenizer_spec, None)
       _WORKER["callback"] = advance
       try:
@@ -299,35 +349,29 @@ def _run_map(shards, tokenizer_spec, config, work_dir, num_workers,
       finally:
         _WORKER.clear()
       return
-    ctx = multiprocessing.get_context("spawn")
-    q = ctx.Queue()
-    with ctx.Pool(min(num_workers, len(shards)), _worker_init,
-                  (config, tokenizer_spec, q)) as pool:
-      pending = [pool.apply_async(_map_task, (s, work_dir)) for s in shards]
-      while pending:
-        try:
-          advance(*q.get(timeout=0.2))
-        except queue.Empty:
-          pass
-        still = []
-        for r in pending:
-          if r.ready():
-            yield r.get()  # Re-raises a worker's error here.
-          else:
-            still.append(r)
-        pending = still
-      while True:
-        try:
-          advance(*q.get_nowait())
-        except queue.Empty:
-          break
+    pending = {pool.submit(_map_task, s, work_dir): s for s in shards}
+    while pending:
+      try:
+        advance(*q.get(timeout=0.2))
+      except queue.Empty:
+        pass
+      for future in [f for f in pending if f.done()]:
+        shard = pending.pop(future)
+        name = (shard.paths or (shard.tfds_name,))[0]
+        yield _result(future, f"mapping input shard {shard.index} ({name})")
+    while True:
+      try:
+        advance(*q.get_nowait())
+      except queue.Empty:
+        break
   finally:
     if bar is not None:
       bar.close()
 
 
-def _run_reduce(shards, output_dir, work_dir, map_indices, num_shards,
-                num_workers, show_progress) -> dict[int, int]:
+def _run_reduce(shards, pool, output_dir, work_dir, map_indices,
+                num_shards, show_progress) -> dict[int, int]:
+  """Writes the output shards in this process or in the pool."""
   if not shards:
     return {}
   args = [(s, output_dir, work_dir, map_indices, num_shards) for s in shards]
@@ -338,18 +382,18 @@ def _run_reduce(shards, output_dir, work_dir, map_indices, num_shards,
                     file=sys.stderr)
   out = {}
   try:
-    if num_workers == 1 or len(shards) == 1:
+    if pool is None:
       for a in args:
         out[a[0]] = _reduce_task(*a)
         if bar is not None:
           bar.update(1)
       return out
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(min(num_workers, len(shards))) as pool:
-      for s, n in zip(shards, pool.starmap(_reduce_task, args, chunksize=1)):
-        out[s] = n
-        if bar is not None:
-          bar.update(1)
+    futures = {pool.submit(_reduce_task, *a): a[0] for a in args}
+    for future in concurrent.futures.as_completed(futures):
+      s = futures[future]
+      out[s] = _result(future, f"writing output shard {s}")
+      if bar is not None:
+        bar.update(1)
     return out
   finally:
     if bar is not None:

@@ -3,7 +3,7 @@
 instances.instance_spans gives each instance as token ranges of its
 documents; `assemble_pairs` builds the [CLS] A [SEP] B [SEP] rows of a batch
 of them and `mask_arrays` masks the rows (the 80/10/10 replacement of the
-original, drawn per batch). records.ExampleEncoder.encode_batch serialises
+original, drawn per batch). record_batches.FrameEncoder serialises
 the resulting `MaskedBatch`. Whole-word masking takes the scalar path
 (instances.create_instances_from_document) instead.
 """
@@ -24,19 +24,22 @@ def assemble_pairs(spans_Nx7: np.ndarray, tokens: np.ndarray, doc_starts: np.nda
   is_random_next_B).
   """
   s = spans_Nx7
-  a_start = doc_starts[s[:, 0]] + s[:, 1]
-  b_start = doc_starts[s[:, 3]] + s[:, 4]
+  B = len(s)
   num_a, num_b = s[:, 2] - s[:, 1], s[:, 5] - s[:, 4]
   lengths = num_a + num_b + 3
-  col = np.arange(max_seq_length)[None, :]
-  na, nb = num_a[:, None], num_b[:, None]
-  in_a = (col >= 1) & (col <= na)
-  in_b = (col >= na + 2) & (col < na + 2 + nb)
-  index = np.where(in_a, a_start[:, None] + col - 1,
-                   np.where(in_b, b_start[:, None] + col - na - 2, 0))
-  ids = np.where(in_a | in_b, tokens[index], 0)
+  # A and B of every row as runs of `tokens`, copied to their columns.
+  src = np.stack([doc_starts[s[:, 0]] + s[:, 1],
+                  doc_starts[s[:, 3]] + s[:, 4]], axis=1).ravel()
+  row = np.arange(B) * max_seq_length
+  dst = np.stack([row + 1, row + num_a + 2], axis=1).ravel()
+  counts = np.stack([num_a, num_b], axis=1).ravel()
+  first = np.cumsum(counts) - counts
+  step = np.arange(int(counts.sum())) - np.repeat(first, counts)
+  ids = np.zeros(B * max_seq_length, tokens.dtype)
+  ids[np.repeat(dst, counts) + step] = tokens[np.repeat(src, counts) + step]
+  ids = ids.reshape(B, max_seq_length)
   ids[:, 0] = vocab.cls_id
-  rows = np.arange(len(s))
+  rows = np.arange(B)
   ids[rows, num_a + 1] = vocab.sep_id
   ids[rows, lengths - 1] = vocab.sep_id
   return ids, lengths, num_a, s[:, 6].astype(bool)
@@ -62,6 +65,11 @@ class MaskedBatch:
   def __len__(self):
     return len(self.lengths_B)
 
+  def take(self, rows: np.ndarray) -> "MaskedBatch":
+    """The batch of the given rows, in that order."""
+    return MaskedBatch(*(getattr(self, f.name)[rows]
+                         for f in dataclasses.fields(self)))
+
   def instance(self, i: int) -> instances.Instance:
     n, k = int(self.lengths_B[i]), int(self.num_predictions_B[i])
     return instances.Instance(self.input_ids_BxL[i, :n].tolist(), int(self.num_a_B[i]),
@@ -78,39 +86,42 @@ def mask_arrays(ids: np.ndarray, lengths: np.ndarray, num_a: np.ndarray,
 
   The same masking as the original, drawn differently: each row's
   num_predictions = min(P, max(1, round(length * masked_lm_prob))) positions
-  are the candidates with the smallest uniform keys (a uniformly random
-  subset, as a shuffle's prefix is), and one uniform per chosen position
-  picks [MASK] (< 0.8), the original token (< 0.9) or a random non-special
-  id. Not for whole-word masking (use `mask_tokens`).
+  are a uniformly random subset of its candidates (every position but [CLS]
+  and the two [SEP]s), drawn with Floyd's algorithm for all rows at once, and
+  one uniform per chosen position picks [MASK] (< 0.8), the original token
+  (< 0.9) or a random non-special id. Not for whole-word masking (use
+  `mask_tokens`).
   """
   (B, L), P = ids.shape, max_predictions_per_seq
-  col = np.arange(L)
-  valid = col < lengths[:, None]
-  cand = (valid & (col > 0) & (col != (num_a + 1)[:, None])
-          & (col != (lengths - 1)[:, None]))
+  num_cand = lengths - 3
   # np.round, like Python's round, rounds halves to even.
   k = np.minimum(P, np.maximum(1, np.round(lengths * masked_lm_prob))).astype(
       np.int64)
-  # The k smallest of uniform keys over the candidates: the P smallest by
-  # partition, sorted, then the first k of them that are candidates.
-  keys = gen.random((B, L))
-  keys[~cand] = 2.0
-  part = np.argpartition(keys, P - 1, axis=1)[:, :P] if P < L else (
-      np.broadcast_to(col, (B, L)).copy())
-  part_keys = np.take_along_axis(keys, part, axis=1)
-  by_key = np.argsort(part_keys, axis=1)
-  cols_by_key = np.take_along_axis(part, by_key, axis=1)
-  used = ((np.arange(P) < k[:, None])
-          & (np.take_along_axis(part_keys, by_key, axis=1) < 2.0))
-  positions = np.sort(np.where(used, cols_by_key, L), axis=1)
+  k = np.minimum(k, np.maximum(num_cand, 0))
+  # Floyd: for j = c - k, ..., c - 1 take t uniform in [0, j], or j itself if
+  # t is taken already; the result is a uniform k-subset of [0, c).
+  u = gen.random((B, P))
+  chosen = np.full((B, P), L, np.int64)
+  taken = np.zeros((B, L + 1), bool)  # Column L: rows with nothing to draw.
+  rows = np.arange(B)
+  for i in range(P):
+    active = i < k
+    j = num_cand - k + i
+    t = np.where(active, (u[:, i] * (j + 1)).astype(np.int64), L)
+    pick = np.where(active & taken[rows, t], j, t)
+    taken[rows, pick] = True
+    chosen[:, i] = pick
+  # Candidate t is column t + 1 in A and t + 2 in B.
+  used = chosen < L
+  positions = np.sort(np.where(used, chosen + 1 + (chosen >= num_a[:, None]),
+                               L), axis=1)
   used = positions < L
   positions[~used] = 0
-  counts = used.sum(axis=1)
   labels = np.where(used, np.take_along_axis(ids, positions, axis=1), 0)
   # One uniform per prediction: [MASK] below 0.8, unchanged below 0.9, else
   # a random non-special id.
   u = gen.random((B, P))
-  rows = np.broadcast_to(np.arange(B)[:, None], (B, P))
+  rows = np.broadcast_to(rows[:, None], (B, P))
   to_mask = used & (u < 0.8)
   to_random = used & (u >= 0.9)
   masked = ids.copy()
@@ -118,5 +129,5 @@ def mask_arrays(ids: np.ndarray, lengths: np.ndarray, num_a: np.ndarray,
   replacement = vocab.replacement_array
   masked[rows[to_random], positions[to_random]] = replacement[
       gen.integers(0, len(replacement), int(to_random.sum()))]
-  return MaskedBatch(masked, lengths, num_a, positions, labels, counts,
+  return MaskedBatch(masked, lengths, num_a, positions, labels, k,
                      is_random_next)

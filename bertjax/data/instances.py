@@ -30,6 +30,7 @@ original's "##" test.
 instance is the single largest cost). The algorithm code is the same for both.
 """
 
+import bisect
 import dataclasses
 import itertools
 import random
@@ -300,44 +301,45 @@ def instance_spans(doc_offsets: Sequence[Sequence[int]], document_index: int,
     target_seq_length = randint(2, max_num_tokens)
 
   chunk_start = 0  # The current chunk is sentences chunk_start..i.
-  i = 0
-  while i < num_sentences:
-    if i == num_sentences - 1 or off[i + 1] - off[chunk_start] >= target_seq_length:
-      chunk_len = i - chunk_start + 1
-      a_end = 1
-      if chunk_len >= 2:
-        a_end = randint(1, chunk_len - 1)
-      a_lo, a_hi = off[chunk_start], off[chunk_start + a_end]
+  while chunk_start < num_sentences:
+    # The chunk grows to the first sentence that brings it to the target
+    # length, or to the document's end (the original adds one at a time).
+    i = min(bisect.bisect_left(off, off[chunk_start] + target_seq_length,
+                               chunk_start + 1) - 1, num_sentences - 1)
+    chunk_len = i - chunk_start + 1
+    a_end = 1
+    if chunk_len >= 2:
+      a_end = randint(1, chunk_len - 1)
+    a_lo, a_hi = off[chunk_start], off[chunk_start + a_end]
 
-      if chunk_len == 1 or rnd() < 0.5:
-        is_random_next = True
-        target_b_length = target_seq_length - (a_hi - a_lo)
-        for _ in range(10):
-          b_doc = randint(0, num_documents - 1)
-          if b_doc != document_index:
-            break
-        if b_doc == document_index and num_documents > 1:
-          b_doc = (document_index + 1) % num_documents
-        b_off = doc_offsets[b_doc]
-        last = len(b_off) - 2
-        j = randint(0, last)
-        b_lo = b_off[j]
-        # Whole sentences from j on until B reaches its target length.
-        while j < last and b_off[j + 1] - b_lo < target_b_length:
-          j += 1
-        b_hi = b_off[j + 1]
-        # The segments after A were not used: put them back.
-        i -= chunk_len - a_end
-      else:
-        is_random_next = False
-        b_doc, b_lo, b_hi = document_index, a_hi, off[i + 1]
+    if chunk_len == 1 or rnd() < 0.5:
+      is_random_next = True
+      target_b_length = target_seq_length - (a_hi - a_lo)
+      for _ in range(10):
+        b_doc = randint(0, num_documents - 1)
+        if b_doc != document_index:
+          break
+      if b_doc == document_index and num_documents > 1:
+        b_doc = (document_index + 1) % num_documents
+      b_off = doc_offsets[b_doc]
+      last = len(b_off) - 2
+      j = randint(0, last)
+      b_lo = b_off[j]
+      # Whole sentences from j on until B reaches its target length.
+      j = min(bisect.bisect_left(b_off, b_lo + target_b_length, j + 1) - 1,
+              last)
+      b_hi = b_off[j + 1]
+      # The segments after A were not used: put them back.
+      i -= chunk_len - a_end
+    else:
+      is_random_next = False
+      b_doc, b_lo, b_hi = document_index, a_hi, off[i + 1]
 
-      ta_lo, ta_hi, tb_lo, tb_hi = _truncate_bounds(
-          a_hi - a_lo, b_hi - b_lo, max_num_tokens, rng)
-      yield (document_index, a_lo + ta_lo, a_lo + ta_hi, b_doc, b_lo + tb_lo,
-             b_lo + tb_hi, is_random_next)
-      chunk_start = i + 1
-    i += 1
+    ta_lo, ta_hi, tb_lo, tb_hi = _truncate_bounds(
+        a_hi - a_lo, b_hi - b_lo, max_num_tokens, rng)
+    yield (document_index, a_lo + ta_lo, a_lo + ta_hi, b_doc, b_lo + tb_lo,
+           b_lo + tb_hi, is_random_next)
+    chunk_start = i + 1
 
 
 def sentence_offsets(document: Sequence[Sequence[int]]) -> list[int]:

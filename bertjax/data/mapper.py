@@ -4,7 +4,7 @@ Shared by the local driver (creation.py) and the Beam pipeline
 (beam_pipeline.py), so both produce the same records with the same keys.
 An input shard's documents are read in order and processed in chunks of
 `docs_per_chunk` documents (a tail of fewer than half a chunk joins the chunk
-before it). Each chunk is tokenized with one `encode_batch` call, then for
+before it). Each chunk is tokenized with one `encode_flat` call, then for
 each dupe pass d the paper's algorithm (instances.py) runs over the chunk's
 documents with a generator seeded by (seed, input shard, chunk, d). The
 "random next" segment B is drawn from another document of the same chunk:
@@ -12,12 +12,13 @@ the original keeps the whole corpus in memory for this choice; a chunk of a
 few thousand documents gives the same statistics with memory bounded by the
 chunk size. Every instance gets a 64-bit key from a generator seeded by the
 same tuple; the key picks the output shard (key % num_output_shards) and its
-place in it.
+place in it. Instances come out in batches (`RecordBatch`): their TFRecord
+frames grouped by output shard, with sort keys as numpy records, so the
+local driver spills and sorts them without a Python step per instance.
 """
 
 import collections
 import dataclasses
-import itertools
 import struct
 from typing import Any, Iterator
 
@@ -26,11 +27,17 @@ import numpy as np
 from bertjax.data import documents
 from bertjax.data import instance_batches
 from bertjax.data import instances as instances_lib
+from bertjax.data import record_batches
 from bertjax.data import records
 
 # Sort key of a record: random key, then its origin (input shard, chunk,
 # dupe pass, index in the pass), so ties are broken deterministically.
 SORT_KEY = struct.Struct(">QIIII")
+SORT_FIELDS = ("key", "input_shard", "chunk", "dupe", "index")
+# The same key as numpy fields, with the length of the record's frame.
+SORT_DTYPE = np.dtype([("key", "<u8"), ("input_shard", "<u4"),
+                       ("chunk", "<u4"), ("dupe", "<u4"), ("index", "<u4"),
+                       ("length", "<u4")])
 _KEY_DOMAIN = 0x6B6579  # Separates the key stream from the instance stream.
 _MASK_BATCH = 1024  # Instances masked and serialised together.
 
@@ -101,6 +108,62 @@ class TokenizerSpec:
 
 
 
+@dataclasses.dataclass
+class TokenizedChunk:
+  """A chunk's documents as token ids: no empty sentence or document."""
+  tokens: np.ndarray  # Every sentence's ids back to back (int32).
+  sentence_lengths: np.ndarray  # Ids per sentence.
+  sentences_per_doc: np.ndarray  # Sentences per document.
+
+  def __len__(self) -> int:
+    return len(self.sentences_per_doc)
+
+  @property
+  def _sentence_starts(self) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(self.sentence_lengths)])
+
+  @property
+  def _first_sentence(self) -> np.ndarray:
+    return np.concatenate([[0], np.cumsum(self.sentences_per_doc)])
+
+  @property
+  def doc_starts(self) -> np.ndarray:
+    """Where each document's ids begin in `tokens`, and the total."""
+    return self._sentence_starts[self._first_sentence]
+
+  def offsets(self) -> list[list[int]]:
+    """Per document, its sentences' token offsets (instances.instance_spans)."""
+    starts = self._sentence_starts.tolist()
+    first = self._first_sentence.tolist()
+    out = []
+    for a, b in zip(first, first[1:]):
+      base = starts[a]
+      out.append([x - base for x in starts[a:b + 1]])
+    return out
+
+  def documents(self) -> list[list[list[int]]]:
+    """Documents as lists of sentences of ids (the scalar algorithm's form)."""
+    ids = self.tokens.tolist()
+    starts = self._sentence_starts.tolist()
+    sentences = [ids[a:b] for a, b in zip(starts, starts[1:])]
+    first = self._first_sentence.tolist()
+    return [sentences[a:b] for a, b in zip(first, first[1:])]
+
+
+@dataclasses.dataclass
+class RecordBatch:
+  """Framed records of a batch of instances, grouped by output shard."""
+  shard_counts: np.ndarray  # Records per output shard; rows go shard by shard.
+  keys: np.ndarray  # SORT_DTYPE per row.
+  frames: record_batches.FramedBatch  # The rows' TFRecord frames.
+
+  def __len__(self) -> int:
+    return len(self.keys)
+
+  def output_shards(self) -> np.ndarray:
+    return np.repeat(np.arange(len(self.shard_counts)), self.shard_counts)
+
+
 class ShardMapper:
   """The map step: one input shard -> keyed serialised Examples + stats.
 
@@ -115,13 +178,16 @@ class ShardMapper:
     self.encoder = records.ExampleEncoder(
         config.max_seq_length, config.max_predictions_per_seq,
         tokenizer.vocab_size)
+    self._frames = record_batches.FrameEncoder(self.encoder)
     ids = tokenizer.special_ids
-    self._in_text_special = {ids["cls"], ids["sep"], ids["mask"], ids["pad"]}
+    self._special_array = np.asarray(
+        sorted({ids["cls"], ids["sep"], ids["mask"], ids["pad"]}), np.int32)
     self._unk = ids["unk"]
 
-  def map_shard(self, shard: documents.InputShard, report: collections.Counter,
-                progress=None) -> Iterator[tuple[int, bytes, bytes]]:
-    """Yields (output shard, sort key, Example bytes) for every instance.
+  def map_shard_batches(self, shard: documents.InputShard,
+                        report: collections.Counter,
+                        progress=None) -> Iterator["RecordBatch"]:
+    """Yields the framed, keyed records of every instance, a batch at a time.
 
     `report` receives counts of what was read, skipped or repaired, and
     "instances"/"tokens" per output shard under ("instances", s) keys.
@@ -135,51 +201,53 @@ class ShardMapper:
       if len(tokenized) == 1:
         report["chunks_with_one_document"] += 1
       if tokenized:
-        for item in self._chunk_instances(shard.index, chunk_index, tokenized,
-                                          report):
-          n += 1
-          yield item
+        for batch in self._chunk_instances(shard.index, chunk_index, tokenized,
+                                           report):
+          n += len(batch)
+          yield batch
       chunk_index += 1
       if progress is not None:
         progress(bytes_read, n)
 
-  def _tokenize(self, docs: list[list[str]], report) -> list[list[list[int]]]:
+  def map_shard(self, shard: documents.InputShard, report: collections.Counter,
+                progress=None) -> Iterator[tuple[int, bytes, bytes]]:
+    """Yields (output shard, SORT_KEY bytes, Example bytes) per instance."""
+    for batch in self.map_shard_batches(shard, report, progress):
+      keys = batch.keys.tolist()
+      for out, key, data in zip(batch.output_shards().tolist(), keys,
+                                batch.frames.records()):
+        yield out, SORT_KEY.pack(*key[:5]), data
+
+  def _tokenize(self, docs: list[list[str]], report) -> "TokenizedChunk":
+    """Tokenizes a chunk's documents; drops empty sentences and documents."""
     flat = [s for doc in docs for s in doc]
-    encoded = self.tokenizer.encode_batch(flat) if flat else []
-    max_tokens = self.config.max_seq_length - 3
-    special = self._in_text_special
-    out, pos = [], 0
-    for doc in docs:
-      sentences = []
-      for ids in encoded[pos:pos + len(doc)]:
-        if not ids:
-          report["sentences_without_tokens"] += 1
-          continue
-        if not special.isdisjoint(ids):
-          report["special_tokens_in_text_replaced_by_unk"] += sum(
-              1 for t in ids if t in special)
-          ids = [self._unk if t in special else t for t in ids]
-        if len(ids) > max_tokens:
-          report["sentences_longer_than_max_seq_length_truncated"] += 1
-        sentences.append(ids)
-      pos += len(doc)
-      if sentences:
-        out.append(sentences)
-        report["documents"] += 1
-        report["sentences"] += len(sentences)
-      else:
-        report["documents_without_tokens_skipped"] += 1
-    return out
+    ids, lengths = self.tokenizer.encode_flat(flat)
+    special = np.isin(ids, self._special_array)
+    if special.any():
+      report["special_tokens_in_text_replaced_by_unk"] += int(special.sum())
+      ids[special] = self._unk
+    empty = lengths == 0
+    report["sentences_without_tokens"] += int(empty.sum())
+    report["sentences_longer_than_max_seq_length_truncated"] += int(
+        (lengths > self.config.max_seq_length - 3).sum())
+    # Sentences kept per document, and their lengths, without empty ones.
+    doc_of = np.repeat(np.arange(len(docs)), [len(d) for d in docs])
+    kept_per_doc = np.bincount(doc_of[~empty], minlength=len(docs))
+    report["documents_without_tokens_skipped"] += int(
+        (kept_per_doc == 0).sum())
+    kept_per_doc = kept_per_doc[kept_per_doc > 0]
+    report["documents"] += len(kept_per_doc)
+    report["sentences"] += int(kept_per_doc.sum())
+    return TokenizedChunk(ids, lengths[~empty], kept_per_doc)
 
   def _chunk_instances(self, shard_index, chunk_index, docs, report):
     """Yields the keyed records of every dupe pass over one chunk."""
     c = self.config
     num_shards = c.num_output_shards
-    offsets = [instances_lib.sentence_offsets(d) for d in docs]
-    # Every document's tokens back to back, for assembling rows in numpy.
-    doc_starts = np.cumsum([0] + [o[-1] for o in offsets])
-    tokens = np.fromiter(itertools.chain.from_iterable(itertools.chain.from_iterable(docs)),
-                         np.int64, int(doc_starts[-1]))
+    offsets = docs.offsets()
+    doc_starts, tokens = docs.doc_starts, docs.tokens
+    if c.whole_word_mask:
+      docs = docs.documents()
     for dupe in range(c.dupe_factor):
       origin = (c.random_seed, shard_index, chunk_index, dupe)
       rng = instances_lib.FastRng(origin)
@@ -205,27 +273,39 @@ class ShardMapper:
       shards = (keys % np.uint64(num_shards)).astype(np.int64)
       for start in range(0, len(made), _MASK_BATCH):
         part = made[start:start + _MASK_BATCH]
+        out_B = shards[start:start + len(part)]
+        # Rows grouped by output shard, in their order within each shard.
+        order = np.argsort(out_B, kind="stable")
+        out_B = out_B[order]
         if c.whole_word_mask:
-          data = [self.encoder.encode_instance(inst) for inst in part]
+          part = [part[i] for i in order.tolist()]
+          data = [records.frame(self.encoder.encode_instance(inst))
+                  for inst in part]
+          frames = record_batches.FramedBatch(
+              b"".join(data), np.fromiter(map(len, data), np.int64, len(data)))
           lengths = np.fromiter((len(i.input_ids) for i in part), np.int64,
                                 len(part))
         else:
           batch = instance_batches.mask_arrays(
               *instance_batches.assemble_pairs(part, tokens, doc_starts,
                                                c.max_seq_length, self.vocab),
-              c.masked_lm_prob, c.max_predictions_per_seq, self.vocab, rng.generator)
-          data = self.encoder.encode_batch(batch)
+              c.masked_lm_prob, c.max_predictions_per_seq, self.vocab,
+              rng.generator).take(order)
+          frames = self._frames.encode(batch)
           lengths = batch.lengths_B
-        out_B = shards[start:start + len(part)]
         inst_counts = np.bincount(out_B, minlength=num_shards)
         tok_counts = np.bincount(out_B, weights=lengths, minlength=num_shards)
         for s in np.nonzero(inst_counts)[0].tolist():
           report[("instances", s)] += int(inst_counts[s])
           report[("tokens", s)] += int(tok_counts[s])
-        for i, (key, out, d) in enumerate(zip(
-            keys[start:start + len(part)].tolist(), out_B.tolist(), data)):
-          yield out, SORT_KEY.pack(key, shard_index, chunk_index, dupe,
-                                    start + i), d
+        sort_keys = np.empty(len(part), SORT_DTYPE)
+        sort_keys["key"] = keys[start:start + len(part)][order]
+        sort_keys["input_shard"] = shard_index
+        sort_keys["chunk"] = chunk_index
+        sort_keys["dupe"] = dupe
+        sort_keys["index"] = start + order
+        sort_keys["length"] = frames.lengths
+        yield RecordBatch(inst_counts, sort_keys, frames)
 
 
 def split_report(report: collections.Counter, num_shards: int):

@@ -80,7 +80,6 @@ class ExampleEncoder:
     self._labels = [self._int_head("next_sentence_labels", 1) + bytes([v])
                     for v in (0, 1)]
     self._segment_head = self._int_head("segment_ids", L)
-    self._varint_bytes = self._varint_len = self._byte_index = None
 
   def _int_head(self, name: str, num_bytes: int) -> bytes:
     """Everything of an int64 feature's map entry before its payload."""
@@ -119,61 +118,6 @@ class ExampleEncoder:
     ))
     size = len(body)
     return b"\n" + (table[size] if size < len(table) else varint(size)) + body
-
-  def _varint_rows(self, values_BxN: np.ndarray) -> tuple[bytes, np.ndarray]:
-    """Varints of every value, row after row, and each row's byte count."""
-    if self._varint_bytes is None:
-      width = len(self._table[-1])
-      self._varint_bytes = np.zeros((len(self._table), width), np.uint8)
-      for i, b in enumerate(self._table):
-        self._varint_bytes[i, :len(b)] = np.frombuffer(b, np.uint8)
-      self._varint_len = np.fromiter(map(len, self._table), np.int64,
-                                     len(self._table))
-      self._byte_index = np.arange(width)
-    if values_BxN.size and (values_BxN.min() < 0
-                            or values_BxN.max() >= len(self._table)):
-      raise ValueError(f"ids must be in [0, {len(self._table)})")
-    nbytes = self._varint_len[values_BxN]
-    keep = self._byte_index < nbytes[..., None]
-    return (self._varint_bytes[values_BxN][keep].tobytes(),
-            nbytes.sum(axis=-1))
-
-  def encode_batch(self, batch) -> list[bytes]:
-    """Serialises an `instance_batches.MaskedBatch`; the same bytes as `encode`."""
-    L, P = self.max_seq_length, self.max_predictions_per_seq
-    if batch.input_ids_BxL.shape[1] != L or batch.masked_lm_positions_BxP.shape[1] != P:
-      raise ValueError("batch shapes do not match max_seq_length / "
-                       "max_predictions_per_seq")
-    ids, ids_len = self._varint_rows(batch.input_ids_BxL)
-    pos, pos_len = self._varint_rows(batch.masked_lm_positions_BxP)
-    lab, lab_len = self._varint_rows(batch.masked_lm_ids_BxP)
-    col = np.arange(L)
-    n_B, a_B = batch.lengths_B, batch.num_a_B
-    seg = ((col >= (a_B + 2)[:, None]) & (col < n_B[:, None])).astype(np.uint8)
-    seg = seg.tobytes()
-    head = self._int_head
-    mask, weights, labels = self._mask, self._weights, self._labels
-    seg_head, table = self._segment_head, self._table
-    out = []
-    o_ids = o_pos = o_lab = 0
-    for i, (n, k, r, li, lp, ll) in enumerate(zip(
-        n_B.tolist(), batch.num_predictions_B.tolist(),
-        batch.is_random_next_B.tolist(), ids_len.tolist(), pos_len.tolist(),
-        lab_len.tolist())):
-      body = b"".join((
-          head("input_ids", li), ids[o_ids:o_ids + li],
-          mask[n],
-          head("masked_lm_ids", ll), lab[o_lab:o_lab + ll],
-          head("masked_lm_positions", lp), pos[o_pos:o_pos + lp],
-          weights[k], labels[1 if r else 0],
-          seg_head, seg[i * L:(i + 1) * L]))
-      o_ids += li
-      o_pos += lp
-      o_lab += ll
-      size = len(body)
-      out.append(b"\n" + (table[size] if size < len(table) else varint(size))
-                 + body)
-    return out
 
   def encode_instance(self, instance) -> bytes:
     return self.encode(instance.input_ids, instance.num_a,
@@ -291,6 +235,21 @@ def write_shard(path: str, records: Iterable[bytes]) -> int:
   os.replace(tmp + INDEX_SUFFIX, index_path(path))
   os.replace(tmp, path)
   return len(offsets)
+
+
+def write_framed_shard(path: str, frames: bytes, offsets: np.ndarray) -> None:
+  """Writes TFRecord frames (bytes back to back) and their start offsets.
+
+  Atomic as `write_shard`: the index and then the shard are renamed into
+  place. Local paths only.
+  """
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "wb") as f:
+    f.write(frames)
+  with open(tmp + INDEX_SUFFIX, "wb") as f:
+    f.write(np.asarray(offsets, dtype="<i8").tobytes())
+  os.replace(tmp + INDEX_SUFFIX, index_path(path))
+  os.replace(tmp, path)
 
 
 def shard_bytes(records: Iterable[bytes]) -> tuple[bytes, bytes]:

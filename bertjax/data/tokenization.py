@@ -1,7 +1,8 @@
 """Tokenizers for pretraining data: WordPiece (Google vocab.txt), SentencePiece.
 
 Both give what data creation needs: `encode_batch(texts)` (ids without
-special tokens), `vocab_size`, `special_ids` ({"pad", "unk", "cls", "sep",
+special tokens; `encode_flat` gives them as one int32 array and a count per
+text), `vocab_size`, `special_ids` ({"pad", "unk", "cls", "sep",
 "mask"} -> id), `is_word_start` (per id: does the piece start a word, for
 whole-word masking), `vocab_hash()` (schema.vocab_hash of the pieces in id
 order, recorded in metadata.json) and `describe()`.
@@ -10,12 +11,16 @@ WordPiece is Google's algorithm, id for id as `transformers.BertTokenizer`
 with the same vocab: basic tokenization (clean, CJK, optional lower-casing
 and accent stripping, punctuation; basic_tokenizer.py), then greedy
 longest-match-first WordPiece with "##" continuations and [UNK] for words of
-more than 100 characters or with no matching pieces. It runs in Hugging Face
+more than 100 characters (the original release's own limit is 200; 100 is
+BertTokenizer's) or with no matching pieces. It runs in Hugging Face
 `tokenizers` (Rust, batched); basic_tokenizer.py lists the rare characters
-where the two may still differ. Special-token literals in text are not kept
-whole, as in the original: "[MASK]" becomes "[", "mask", "]" (BertTokenizer
-keeps them whole unless `split_special_tokens=True`), so text never yields a
-special id other than [UNK].
+where the two may still differ. ASCII texts, most of an English corpus, are
+split into words in numpy and each distinct word goes through `tokenizers`
+once (ascii_words.py), which is several times faster on a corpus.
+Special-token literals in text are not kept whole, as in the original:
+"[MASK]" becomes "[", "mask", "]" (BertTokenizer keeps them whole unless
+`split_special_tokens=True`), so text never yields a special id other than
+[UNK].
 
 SentencePiece models (unigram or BPE, trained by vocab.py with BERT's
 special tokens at ids 0-4) use the `sentencepiece` library. With
@@ -26,12 +31,15 @@ Tokenizers pickle to their vocab (not their path), so worker processes and
 Beam workers rebuild them without access to the vocab file.
 """
 
+import itertools
 import os
 import unicodedata
 from typing import Optional, Sequence
 
+import numpy as np
 import tokenizers
 
+from bertjax.data import ascii_words
 from bertjax.data import basic_tokenizer
 from bertjax.data import corpus
 from bertjax.data import schema
@@ -88,6 +96,20 @@ def _special_ids(vocab: dict[str, int], path: str,
   return ids
 
 
+def _flat(encoded: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+  """(all ids back to back as int32, number per list) of lists of ids."""
+  lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
+  ids = np.fromiter(itertools.chain.from_iterable(encoded), np.int32,
+                    int(lengths.sum()))
+  return ids, lengths
+
+
+def _positions(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+  """starts[i], starts[i] + 1, ..., starts[i] + counts[i] - 1 for every i."""
+  first = np.cumsum(counts) - counts
+  return np.repeat(starts - first, counts) + np.arange(int(counts.sum()))
+
+
 class Tokenizer:
   """The interface of both tokenizers; subclasses set these fields."""
   kind: str  # "wordpiece" or "sentencepiece".
@@ -105,6 +127,10 @@ class Tokenizer:
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
     """Ids of each text, without special tokens."""
     raise NotImplementedError
+
+  def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(ids of all texts back to back as int32, number of ids per text)."""
+    return _flat(self.encode_batch(texts))
 
   def encode(self, text: str) -> list[int]:
     return self.encode_batch([text])[0]
@@ -150,16 +176,48 @@ class WordPieceTokenizer(Tokenizer):
     tok.decoder = tokenizers.decoders.WordPiece()
     self._tokenizer = tok
     self._encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
+    self._ascii = ascii_words.AsciiWords(self._encode_compiled,
+                                         self.do_lower_case)
 
   def __reduce__(self):
     return (WordPieceTokenizer, (self.path, self.do_lower_case, self.tokens))
 
-  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-    """Ids of each text, without special tokens; runs on all cores."""
+  def _encode_compiled(self, texts: Sequence[str]) -> list[list[int]]:
+    """Ids from the compiled pipeline alone (on all cores)."""
     if not texts:
       return []
     texts = self.basic.prepare_batch(texts)
     return [e.ids for e in self._encode(texts, add_special_tokens=False)]
+
+  def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(ids of all texts back to back as int32, number of ids per text).
+
+    ASCII texts go through ascii_words (each distinct word tokenized once by
+    the compiled pipeline), the others through the compiled pipeline.
+    """
+    texts = list(texts)
+    is_ascii = np.fromiter(map(str.isascii, texts), bool, len(texts))
+    if is_ascii.all():
+      return self._ascii.encode_flat(texts)
+    where = np.flatnonzero(is_ascii)
+    ids_a, len_a = self._ascii.encode_flat([texts[i] for i in where])
+    other = np.flatnonzero(~is_ascii)
+    ids_o, len_o = _flat(self._encode_compiled([texts[i] for i in other]))
+    lengths = np.zeros(len(texts), np.int64)
+    lengths[where], lengths[other] = len_a, len_o
+    # Each text's ids go where its run starts in the output.
+    starts = np.cumsum(lengths) - lengths
+    ids = np.empty(int(lengths.sum()), np.int32)
+    ids[_positions(starts[where], len_a)] = ids_a
+    ids[_positions(starts[other], len_o)] = ids_o
+    return ids, lengths
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """Ids of each text, without special tokens."""
+    ids, lengths = self.encode_flat(texts)
+    ends = np.cumsum(lengths).tolist()
+    flat = ids.tolist()
+    return [flat[e - n:e] for e, n in zip(ends, lengths.tolist())]
 
   def decode(self, ids: Sequence[int]) -> str:
     return self._tokenizer.decode(list(ids), skip_special_tokens=False)

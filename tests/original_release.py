@@ -1,0 +1,58 @@
+"""Runs parts of the original BERT release (PyPI's bert-tensorflow) for tests.
+
+In a process of its own: the release defines absl flags at import time,
+which would clash with other tests' flags in the pytest process.
+
+  python original_release.py tokenize VOCAB LOWER IN_JSON OUT_JSON
+      The release's FullTokenizer: ids of every text of IN_JSON.
+  python original_release.py read MAX_SEQ MAX_PRED OUT_NPZ FILE...
+      The release's pretraining input_fn (run_pretraining.input_fn_builder,
+      evaluation mode): every whole batch of 8 it yields, as arrays.
+"""
+
+import json
+import sys
+import types
+
+import numpy as np
+
+
+def tokenize(vocab, lower, in_json, out_json):
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from bert import tokenization  # pylint: disable=g-import-not-at-top
+  flags.FLAGS.mark_as_parsed()
+  tok = tokenization.FullTokenizer(vocab, do_lower_case=lower == "1")
+  with open(in_json, encoding="utf-8") as f:
+    texts = json.load(f)
+  ids = [tok.convert_tokens_to_ids(tok.tokenize(t)) for t in texts]
+  with open(out_json, "w", encoding="utf-8") as f:
+    json.dump(ids, f)
+
+
+def read(max_seq, max_pred, out_npz, files):
+  # run_pretraining imports the release's model code, which needs
+  # TensorFlow 1's tf.contrib; its input function does not use it.
+  for name in ("bert.modeling", "bert.optimization"):
+    sys.modules[name] = types.ModuleType(name)
+  from bert import run_pretraining  # pylint: disable=g-import-not-at-top
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  count = sum(1 for _ in tf.data.TFRecordDataset(files))
+  input_fn = run_pretraining.input_fn_builder(
+      files, int(max_seq), int(max_pred), is_training=False, num_cpu_threads=1)
+  batch = 8
+  dataset = input_fn({"batch_size": batch}).take(count // batch)
+  out = {}
+  for features in dataset:
+    for k, v in features.items():
+      out.setdefault(k, []).append(v.numpy())
+  np.savez(out_npz, **{k: np.concatenate(v) for k, v in out.items()})
+
+
+if __name__ == "__main__":
+  command, args = sys.argv[1], sys.argv[2:]
+  if command == "tokenize":
+    tokenize(*args)
+  elif command == "read":
+    read(args[0], args[1], args[2], args[3:])
+  else:
+    raise SystemExit(f"unknown command {command!r}")
