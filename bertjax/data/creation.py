@@ -91,9 +91,9 @@ def _map_task(shard: documents.InputShard, work_dir: str) -> dict[str, Any]:
     offsets = np.zeros((S + 1, 2), "<i8")
     with open(path + ".bin", "wb") as f:
       for s in range(S):
-        data = b"".join(frames[s])
-        f.write(data)
-        offsets[s + 1] = offsets[s] + (sum(map(len, keys[s])), len(data))
+        f.writelines(frames[s])
+        offsets[s + 1] = offsets[s] + (sum(map(len, keys[s])),
+                                       sum(map(len, frames[s])))
         frames[s] = []
     np.concatenate([k for ks in keys for k in ks] or [
         np.zeros(0, mapper.SORT_DTYPE)]).tofile(path + ".keys")
@@ -112,13 +112,13 @@ def _map_task(shard: documents.InputShard, work_dir: str) -> dict[str, Any]:
     last_bytes = bytes_read
 
   for batch in shard_mapper.map_shard_batches(shard, report, progress):
-    blob, ends = batch.frames.blob, batch.frames.ends
+    blob, ends = memoryview(batch.frames.blob), batch.frames.ends
     rows = np.concatenate([[0], np.cumsum(batch.shard_counts)])
     starts = np.concatenate([[0], ends])[rows].tolist()
     for s in np.flatnonzero(batch.shard_counts).tolist():
       frames[s].append(blob[starts[s]:starts[s + 1]])
       keys[s].append(batch.keys[rows[s]:rows[s + 1]])
-    buffered += len(blob)
+    buffered += len(batch.frames.blob)
     if buffered >= config.spill_bytes:
       flush()
   if buffered or runs == 0:

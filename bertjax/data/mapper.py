@@ -39,7 +39,7 @@ SORT_DTYPE = np.dtype([("key", "<u8"), ("input_shard", "<u4"),
                        ("chunk", "<u4"), ("dupe", "<u4"), ("index", "<u4"),
                        ("length", "<u4")])
 _KEY_DOMAIN = 0x6B6579  # Separates the key stream from the instance stream.
-_MASK_BATCH = 1024  # Instances masked and serialised together.
+_MASK_BATCH = 4096  # Instances masked and serialised together.
 
 
 @dataclasses.dataclass(frozen=True)
