@@ -84,9 +84,9 @@ def test_frame_encoder_equals_framed_scalar_encoder(
   path = tmp_path / "frames.tfrecord"
   path.write_bytes(framed.blob)
   assert [r.numpy() for r in tf.data.TFRecordDataset(str(path))] == want
+  bad = batch.take(np.arange(B))
+  bad.input_ids_BxL[0, 1] = max(vocab_size, L, 2)
   with pytest.raises(ValueError, match="ids must be in"):
-    bad = batch.take(np.arange(B))
-    bad.input_ids_BxL[0, 1] = max(vocab_size, L, 2)
     record_batches.FrameEncoder(enc).encode(bad)
 
 

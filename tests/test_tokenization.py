@@ -164,10 +164,11 @@ def test_calibration_is_kept_on_disk(tmp_path, monkeypatch):
     assert os.path.dirname(path) == str(tmp_path) and os.path.exists(path)
     calibrate.cache_clear()
     loaded = calibrate(True)
-    for cal in (loaded,):
-      assert cal.table == computed.table and cal.unmatched == computed.unmatched
-      assert cal.pattern.pattern == computed.pattern.pattern
-      assert cal.astral.pattern == computed.astral.pattern
+    assert loaded is not computed
+    assert loaded.table == computed.table
+    assert loaded.unmatched == computed.unmatched
+    assert loaded.pattern.pattern == computed.pattern.pattern
+    assert loaded.astral.pattern == computed.astral.pattern
     # A damaged file is computed afresh and replaced.
     with open(path, "w") as f:
       f.write("{not json")

@@ -22,6 +22,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from bertjax.data import ragged
+
 _MARK = b"\x00"  # Ends each text in the split stream (NUL is always dropped).
 
 
@@ -62,10 +64,8 @@ class AsciiWords:
     self._count = np.zeros(1, np.int64)  # How many ids each word has.
 
   def _add(self, words: list[bytes]) -> None:
-    encoded = self._encode_words([w.decode("ascii") for w in words])
-    counts = np.fromiter(map(len, encoded), np.int64, len(encoded))
-    pieces = np.fromiter((i for ids in encoded for i in ids), np.int32,
-                         int(counts.sum()))
+    pieces, counts = ragged.flatten(
+        self._encode_words([w.decode("ascii") for w in words]))
     first = len(self._index)
     self._index.update(zip(words, range(first, first + len(words))))
     self._start = np.concatenate(
@@ -101,11 +101,7 @@ class AsciiWords:
     rows = np.fromiter(map(self._index.__getitem__, words), np.int64,
                        len(words))
     counts = self._count[rows]
-    total = int(counts.sum())
-    # Output position p of word w holds pieces[start[w] + p - first[w]].
-    first = np.cumsum(counts) - counts
-    ids = self._pieces[np.repeat(self._start[rows] - first, counts)
-                       + np.arange(total)]
+    ids = self._pieces[ragged.ranges(self._start[rows], counts)]
     is_end = rows == 0
     text_of_word = np.cumsum(is_end) - is_end
     lengths = np.bincount(text_of_word, weights=counts,

@@ -151,15 +151,12 @@ def _reduce_task(shard_index: int, output_dir: str, work_dir: str,
       with open(path + ".bin", "rb") as f:
         f.seek(int(b0))
         parts.append(f.read(int(b1 - b0)))
-  keys = (np.concatenate(key_parts) if key_parts
-          else np.zeros(0, mapper.SORT_DTYPE))
+  keys = np.concatenate([np.zeros(0, mapper.SORT_DTYPE), *key_parts])
   lengths = keys["length"].astype(np.int64)
   # Where each record is: its part and its offset there.
-  counts = [len(k) for k in key_parts]
-  part_of = np.repeat(np.arange(len(parts)), counts)
-  starts = np.cumsum(lengths) - lengths  # As if the parts were joined.
-  part_base = np.concatenate([starts, [0]])[np.cumsum([0] + counts[:-1])]
-  starts -= part_base[part_of]
+  part_of = np.repeat(np.arange(len(parts)), [len(k) for k in key_parts])
+  starts = np.concatenate([np.zeros(0, np.int64)] + [
+      np.cumsum(k["length"], dtype=np.int64) - k["length"] for k in key_parts])
   order = np.lexsort([keys[f] for f in reversed(mapper.SORT_FIELDS)])
   lengths = lengths[order]
   views = [memoryview(p) for p in parts]

@@ -13,6 +13,7 @@ import dataclasses
 import numpy as np
 
 from bertjax.data import instances
+from bertjax.data import ragged
 
 
 def assemble_pairs(spans_Nx7: np.ndarray, tokens: np.ndarray, doc_starts: np.ndarray,
@@ -33,10 +34,8 @@ def assemble_pairs(spans_Nx7: np.ndarray, tokens: np.ndarray, doc_starts: np.nda
   row = np.arange(B) * max_seq_length
   dst = np.stack([row + 1, row + num_a + 2], axis=1).ravel()
   counts = np.stack([num_a, num_b], axis=1).ravel()
-  first = np.cumsum(counts) - counts
-  step = np.arange(int(counts.sum())) - np.repeat(first, counts)
   ids = np.zeros(B * max_seq_length, tokens.dtype)
-  ids[np.repeat(dst, counts) + step] = tokens[np.repeat(src, counts) + step]
+  ids[ragged.ranges(dst, counts)] = tokens[ragged.ranges(src, counts)]
   ids = ids.reshape(B, max_seq_length)
   ids[:, 0] = vocab.cls_id
   rows = np.arange(B)

@@ -19,6 +19,7 @@ local driver spills and sorts them without a Python step per instance.
 
 import collections
 import dataclasses
+import functools
 import struct
 from typing import Any, Iterator
 
@@ -31,13 +32,15 @@ from bertjax.data import record_batches
 from bertjax.data import records
 
 # Sort key of a record: random key, then its origin (input shard, chunk,
-# dupe pass, index in the pass), so ties are broken deterministically.
-SORT_KEY = struct.Struct(">QIIII")
-SORT_FIELDS = ("key", "input_shard", "chunk", "dupe", "index")
-# The same key as numpy fields, with the length of the record's frame.
+# dupe pass, index in the pass), so ties are broken deterministically; kept
+# with the length of the record's frame.
 SORT_DTYPE = np.dtype([("key", "<u8"), ("input_shard", "<u4"),
                        ("chunk", "<u4"), ("dupe", "<u4"), ("index", "<u4"),
                        ("length", "<u4")])
+SORT_FIELDS = SORT_DTYPE.names[:-1]
+# The key as big-endian bytes, which sort in the same order, for Beam (its
+# integer coder takes signed 64-bit values only).
+SORT_KEY = struct.Struct(">QIIII")
 _KEY_DOMAIN = 0x6B6579  # Separates the key stream from the instance stream.
 _MASK_BATCH = 4096  # Instances masked and serialised together.
 
@@ -118,11 +121,11 @@ class TokenizedChunk:
   def __len__(self) -> int:
     return len(self.sentences_per_doc)
 
-  @property
+  @functools.cached_property
   def _sentence_starts(self) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(self.sentence_lengths)])
 
-  @property
+  @functools.cached_property
   def _first_sentence(self) -> np.ndarray:
     return np.concatenate([[0], np.cumsum(self.sentences_per_doc)])
 
@@ -213,10 +216,10 @@ class ShardMapper:
                 progress=None) -> Iterator[tuple[int, bytes, bytes]]:
     """Yields (output shard, SORT_KEY bytes, Example bytes) per instance."""
     for batch in self.map_shard_batches(shard, report, progress):
-      keys = batch.keys.tolist()
+      keys = batch.keys[list(SORT_FIELDS)].tolist()
       for out, key, data in zip(batch.output_shards().tolist(), keys,
                                 batch.frames.records()):
-        yield out, SORT_KEY.pack(*key[:5]), data
+        yield out, SORT_KEY.pack(*key), data
 
   def _tokenize(self, docs: list[list[str]], report) -> "TokenizedChunk":
     """Tokenizes a chunk's documents; drops empty sentences and documents."""

@@ -15,8 +15,6 @@ frames are the used bytes in row order; only the crc of each record's bytes
 is computed one record at a time (google_crc32c).
 """
 
-import struct
-
 import google_crc32c
 import numpy as np
 
@@ -93,12 +91,8 @@ class FrameEncoder:
                            for t in self._heads.values())
     self._size = _table([records.varint(n) for n in range(max_body + 1)])
     max_data = 1 + self._size[0].shape[1] + max_body
-    self._frame_head = _table([self._header(n) for n in range(max_data + 1)])[0]
-
-  @staticmethod
-  def _header(n: int) -> bytes:
-    length = struct.pack("<Q", n)
-    return length + _masked_crc(np.asarray([google_crc32c.value(length)])).tobytes()
+    self._frame_head = _table([records.frame_header(n)
+                               for n in range(max_data + 1)])[0]
 
   def _varint_block(self, values_BxN: np.ndarray):
     """(varint bytes, bytes in use, bytes per row) of rows of ids."""

@@ -207,10 +207,15 @@ def _masked_crc(data: bytes) -> bytes:
                      & 0xFFFFFFFF)
 
 
+def frame_header(length: int) -> bytes:
+  """A TFRecord's first 12 bytes: the data's length and its masked crc32c."""
+  packed = struct.pack("<Q", length)
+  return packed + _masked_crc(packed)
+
+
 def frame(data: bytes) -> bytes:
   """One TFRecord: length, its masked crc32c, the data, the data's crc."""
-  length = struct.pack("<Q", len(data))
-  return length + _masked_crc(length) + data + _masked_crc(data)
+  return frame_header(len(data)) + data + _masked_crc(data)
 
 
 def write_shard(path: str, records: Iterable[bytes]) -> int:

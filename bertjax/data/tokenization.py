@@ -31,7 +31,6 @@ Tokenizers pickle to their vocab (not their path), so worker processes and
 Beam workers rebuild them without access to the vocab file.
 """
 
-import itertools
 import os
 import unicodedata
 from typing import Optional, Sequence
@@ -42,6 +41,7 @@ import tokenizers
 from bertjax.data import ascii_words
 from bertjax.data import basic_tokenizer
 from bertjax.data import corpus
+from bertjax.data import ragged
 from bertjax.data import schema
 
 KINDS = ("wordpiece", "sentencepiece")
@@ -96,20 +96,6 @@ def _special_ids(vocab: dict[str, int], path: str,
   return ids
 
 
-def _flat(encoded: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-  """(all ids back to back as int32, number per list) of lists of ids."""
-  lengths = np.fromiter(map(len, encoded), np.int64, len(encoded))
-  ids = np.fromiter(itertools.chain.from_iterable(encoded), np.int32,
-                    int(lengths.sum()))
-  return ids, lengths
-
-
-def _positions(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
-  """starts[i], starts[i] + 1, ..., starts[i] + counts[i] - 1 for every i."""
-  first = np.cumsum(counts) - counts
-  return np.repeat(starts - first, counts) + np.arange(int(counts.sum()))
-
-
 class Tokenizer:
   """The interface of both tokenizers; subclasses set these fields."""
   kind: str  # "wordpiece" or "sentencepiece".
@@ -130,7 +116,7 @@ class Tokenizer:
 
   def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """(ids of all texts back to back as int32, number of ids per text)."""
-    return _flat(self.encode_batch(texts))
+    return ragged.flatten(self.encode_batch(texts))
 
   def encode(self, text: str) -> list[int]:
     return self.encode_batch([text])[0]
@@ -202,14 +188,15 @@ class WordPieceTokenizer(Tokenizer):
     where = np.flatnonzero(is_ascii)
     ids_a, len_a = self._ascii.encode_flat([texts[i] for i in where])
     other = np.flatnonzero(~is_ascii)
-    ids_o, len_o = _flat(self._encode_compiled([texts[i] for i in other]))
+    ids_o, len_o = ragged.flatten(
+        self._encode_compiled([texts[i] for i in other]))
     lengths = np.zeros(len(texts), np.int64)
     lengths[where], lengths[other] = len_a, len_o
     # Each text's ids go where its run starts in the output.
     starts = np.cumsum(lengths) - lengths
     ids = np.empty(int(lengths.sum()), np.int32)
-    ids[_positions(starts[where], len_a)] = ids_a
-    ids[_positions(starts[other], len_o)] = ids_o
+    ids[ragged.ranges(starts[where], len_a)] = ids_a
+    ids[ragged.ranges(starts[other], len_o)] = ids_o
     return ids, lengths
 
   def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
