@@ -30,7 +30,7 @@ INDEX_SUFFIX = ".index"
 HEADER_BYTES = 12  # length + its CRC
 FRAME_OVERHEAD = 16  # header + the data's CRC
 _SCAN_CHUNK_BYTES = 4 << 20
-_MASK_DELTA = 0xa282ead8
+MASK_DELTA = 0xa282ead8
 
 
 class CorruptRecordError(ValueError):
@@ -47,14 +47,7 @@ class CorruptRecordError(ValueError):
 def masked_crc32c(data: bytes) -> int:
   """The CRC32C that TFRecord frames carry, masked as TensorFlow masks it."""
   crc = google_crc32c.value(data)
-  return ((((crc >> 15) | (crc << 17)) & 0xffffffff) + _MASK_DELTA) & 0xffffffff
-
-
-def encode_frame(data: bytes) -> bytes:
-  """One TFRecord frame holding `data` (what tf.io.TFRecordWriter writes)."""
-  header = struct.pack("<Q", len(data))
-  return b"".join((header, struct.pack("<I", masked_crc32c(header)), data,
-                   struct.pack("<I", masked_crc32c(data))))
+  return ((((crc >> 15) | (crc << 17)) & 0xffffffff) + MASK_DELTA) & 0xffffffff
 
 
 def is_remote(path: str) -> bool:

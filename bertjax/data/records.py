@@ -20,11 +20,7 @@ from typing import Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
-try:
-  import google_crc32c  # pylint: disable=g-import-not-at-top
-  _crc32c = google_crc32c.value
-except ImportError:  # pragma: no cover - google-crc32c is a dependency.
-  _crc32c = None
+from bertjax.data import record_index
 
 INDEX_SUFFIX = ".index"
 FEATURE_ORDER = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
@@ -202,9 +198,7 @@ def decode_example(data: bytes) -> dict[str, np.ndarray]:
 
 
 def _masked_crc(data: bytes) -> bytes:
-  crc = _crc32c(data)
-  return struct.pack("<I", (((crc >> 15) | (crc << 17)) + 0xA282EAD8)
-                     & 0xFFFFFFFF)
+  return struct.pack("<I", record_index.masked_crc32c(data))
 
 
 def frame_header(length: int) -> bytes:
