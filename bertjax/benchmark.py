@@ -17,9 +17,9 @@ import jax
 import numpy as np
 from ml_collections import config_flags
 
-from bertjax.data import schema
-from bertjax.data.synthetic import SyntheticSource
+from bertjax.input.synthetic import SyntheticSource
 from bertjax.model.bert import BertForPreTraining
+from bertjax.records import schema
 from bertjax.train import flops
 from bertjax.train import optimizer as opt_lib
 from bertjax.train import run_config

@@ -66,8 +66,8 @@ _NO_PROGRESS = flags.DEFINE_bool("no_progress", False, "Hide the progress bar.")
 
 
 def main(argv):
-  from bertjax.data import creation  # pylint: disable=g-import-not-at-top
-  from bertjax.data import documents  # pylint: disable=g-import-not-at-top
+  from bertjax.create import creation  # pylint: disable=g-import-not-at-top
+  from bertjax.create import documents  # pylint: disable=g-import-not-at-top
   pipeline_args = argv[1:]
   runner = _RUNNER.value
   if runner != "local" and not runner.startswith("beam:"):
@@ -79,7 +79,7 @@ def main(argv):
     raise app.UsageError("--output_dir is required.")
   if not _VOCAB_FILE.value:
     raise app.UsageError("--vocab_file is required.")
-  from bertjax.data import corpus  # pylint: disable=g-import-not-at-top
+  from bertjax.text import corpus  # pylint: disable=g-import-not-at-top
   if not corpus.exists(_VOCAB_FILE.value):
     raise app.UsageError(f"--vocab_file={_VOCAB_FILE.value}: no such file.")
   if _NUM_WORKERS.value is not None and _NUM_WORKERS.value < 1:
@@ -109,7 +109,7 @@ def main(argv):
           num_workers=_NUM_WORKERS.value, source=source,
           show_progress=not _NO_PROGRESS.value)
     else:
-      from bertjax.data import beam_pipeline  # pylint: disable=g-import-not-at-top
+      from bertjax.create import beam_pipeline  # pylint: disable=g-import-not-at-top
       beam_pipeline.run_beam(shards, spec, config, _OUTPUT_DIR.value,
                              runner=runner[len("beam:"):], source=source,
                              pipeline_args=pipeline_args)

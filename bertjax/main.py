@@ -13,6 +13,7 @@ import jax
 from ml_collections import config_flags
 
 from bertjax.convert.weights import load_weights
+from bertjax.create import demo
 from bertjax.train import loop
 
 _DEMO_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -42,7 +43,9 @@ def main(argv):
     jax.distributed.initialize()
   logging.info("JAX process %d of %d, %d devices (%s).", jax.process_index(),
                jax.process_count(), jax.device_count(), jax.devices()[0].device_kind)
-  loop.train_and_evaluate(_CONFIG.value, _WORKDIR.value, weights_loader=load_weights)
+  config = _CONFIG.value
+  demo.prepare_config(config, _WORKDIR.value)  # Builds the demo data if the config asks.
+  loop.train_and_evaluate(config, _WORKDIR.value, weights_loader=load_weights)
 
 
 def run():

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from bertjax.data import schema
+from bertjax.records import schema
 
 SPECIAL_IDS = {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}
 FIRST_WORD_ID = 5

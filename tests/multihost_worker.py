@@ -31,7 +31,7 @@ import ml_collections  # pylint: disable=g-import-not-at-top,wrong-import-positi
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "configs"))
 import base  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-from bertjax.data import pipeline  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bertjax.input import pipeline  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bertjax.train import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bertjax.train import loop  # pylint: disable=g-import-not-at-top,wrong-import-position
 

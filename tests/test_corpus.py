@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from bertjax.data import corpus
-from bertjax.data import creation
-from bertjax.data import documents
-from bertjax.data import schema
-from bertjax.data import tokenization
-from bertjax.data import vocab as vocab_lib
+from bertjax.create import creation
+from bertjax.create import documents
+from bertjax.records import schema
+from bertjax.text import corpus
+from bertjax.text import tokenization
+from bertjax.text import vocab as vocab_lib
 
 _WORDS = ("the of and to in is was for on that with as by at from his her "
           "city river house garden music school market winter summer train "
@@ -217,7 +217,7 @@ def test_vocab_command_line(tmp_path):
   text = _sentences_file(str(tmp_path / "t.txt.gz"), random.Random(3), 200,
                          opener=gzip.open)
   env = dict(os.environ, PYTHONPATH=os.getcwd())
-  base = [sys.executable, "-m", "bertjax.data.vocab", f"--input_file={text}"]
+  base = [sys.executable, "-m", "bertjax.text.vocab", f"--input_file={text}"]
   done = subprocess.run(base + [f"--output={tmp_path / 'vocab.txt'}",
                                 "--vocab_size=250"],
                         capture_output=True, text=True, env=env, check=False)

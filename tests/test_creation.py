@@ -11,10 +11,10 @@ import sys
 
 import pytest
 
-from bertjax.data import creation
-from bertjax.data import documents
-from bertjax.data import records
-from bertjax.data import schema
+from bertjax.create import creation
+from bertjax.create import documents
+from bertjax.create import records
+from bertjax.records import schema
 
 WORDS = ("the a of to and in is it that for on with as was by this be are "
          "from or at an not have which one has but all their they can more "
@@ -179,7 +179,7 @@ def test_a_dying_worker_stops_the_run_with_an_error(setup, tmp_path):
 
 def test_beam_direct_runner_equals_worker_output(setup, tmp_path):
   pytest.importorskip("apache_beam")
-  from bertjax.data import beam_pipeline  # pylint: disable=g-import-not-at-top
+  from bertjax.create import beam_pipeline  # pylint: disable=g-import-not-at-top
   out = str(tmp_path / "beam")
   beam_pipeline.run_beam(setup["shards"], setup["spec"], setup["config"], out,
                          runner="DirectRunner", source="test")

@@ -1,4 +1,4 @@
-"""Tests of the demo data (bertjax/data/demo.py)."""
+"""Tests of the demo data (bertjax/create/demo.py)."""
 
 import glob
 import os
@@ -6,9 +6,9 @@ import os
 import numpy as np
 import pytest
 
-from bertjax.data import demo
-from bertjax.data import records
-from bertjax.data import schema
+from bertjax.create import demo
+from bertjax.create import records
+from bertjax.records import schema
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_idempotent(built):
 
 
 def test_resumes_after_an_interruption(built, tmp_path, monkeypatch):
-  from bertjax.data import creation  # pylint: disable=g-import-not-at-top
+  from bertjax.create import creation  # pylint: disable=g-import-not-at-top
   real_reduce = creation._reduce_task  # pylint: disable=protected-access
 
   def interrupted(shard_index, output_dir, *args):

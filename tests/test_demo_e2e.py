@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from bertjax.create import demo
 from bertjax.train import loop
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -17,19 +18,20 @@ sys.path.insert(0, os.path.join(REPO, "configs"))
 import tiny  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
-def _config():
+def _config(workdir):
   config = tiny.get_config()
   config.total_steps = 40  # 39 steps at length 128, then 1 at 512.
   config.checkpoint.every_steps = 15
   config.logging.every_steps = 5
   config.logging.eval_batches = 3
+  demo.prepare_config(config, workdir)
   return config
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("demo_run"))
-  return workdir, loop.train_and_evaluate(_config(), workdir)
+  return workdir, loop.train_and_evaluate(_config(workdir), workdir)
 
 
 def test_both_phases_train_and_evaluate(run):
@@ -38,7 +40,7 @@ def test_both_phases_train_and_evaluate(run):
   assert list(summary["phases"]) == ["seq128", "seq512"]
   assert summary["phases"]["seq128"]["steps"] == 39
   assert summary["phases"]["seq512"]["steps"] == 1
-  config = _config()
+  config = _config(workdir)
   for name in ("seq128", "seq512"):
     result = summary["phases"][name]["eval"]
     assert result["num_examples"] == 3 * config.phases[name].global_batch_size
@@ -63,7 +65,7 @@ def test_rerun_reports_the_run_complete(run, caplog):
   workdir, summary = run
   mtimes = {p: os.path.getmtime(p) for p in glob.glob(os.path.join(workdir, "checkpoints", "*"))}
   with caplog.at_level("INFO"):
-    again = loop.train_and_evaluate(_config(), workdir)
+    again = loop.train_and_evaluate(_config(workdir), workdir)
   assert again == summary
   assert "is complete" in caplog.text
   assert {p: os.path.getmtime(p) for p in mtimes} == mtimes

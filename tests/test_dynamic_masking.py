@@ -1,13 +1,13 @@
-"""Tests of on-the-fly masking (bertjax/data/dynamic_masking.py)."""
+"""Tests of on-the-fly masking (bertjax/input/dynamic_masking.py)."""
 
 import os
 
 import numpy as np
 import pytest
 
-from bertjax.data import dynamic_masking
-from bertjax.data import pipeline
-from bertjax.data import schema
+from bertjax.input import dynamic_masking
+from bertjax.input import pipeline
+from bertjax.records import schema
 import data_utils
 
 L, P, V = 128, 20, 1000

@@ -1,4 +1,4 @@
-"""Tests of the paper's instance algorithm (bertjax/data/instances.py).
+"""Tests of the paper's instance algorithm (bertjax/create/instances.py).
 
 The parity tests run a port of the original release's
 create_training_instances / create_instances_from_document /
@@ -13,8 +13,8 @@ import random
 import numpy as np
 import pytest
 
-from bertjax.data import instance_batches
-from bertjax.data import instances
+from bertjax.create import instance_batches
+from bertjax.create import instances
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 

@@ -214,7 +214,7 @@ def test_unknown_optimizer_name_is_refused():
 
 def _child(_) -> dict:
   """In a 2-device child: accumulation over micro-batches, and LAMB, on a tiny model."""
-  from bertjax.data.synthetic import SyntheticSource  # pylint: disable=g-import-not-at-top
+  from bertjax.input.synthetic import SyntheticSource  # pylint: disable=g-import-not-at-top
   from bertjax.train import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
   from bertjax.train import step as step_lib  # pylint: disable=g-import-not-at-top
 

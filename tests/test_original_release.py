@@ -11,12 +11,12 @@ import sys
 import numpy as np
 import pytest
 
-from bertjax.data import creation
-from bertjax.data import demo
-from bertjax.data import documents
-from bertjax.data import pipeline
-from bertjax.data import schema
-from bertjax.data import vocab as vocab_lib
+from bertjax.create import creation
+from bertjax.create import demo
+from bertjax.create import documents
+from bertjax.input import pipeline
+from bertjax.records import schema
+from bertjax.text import vocab as vocab_lib
 
 
 def _have_original():

@@ -1,4 +1,4 @@
-"""Tests of the host input pipeline (bertjax/data/pipeline.py)."""
+"""Tests of the host input pipeline (bertjax/input/pipeline.py)."""
 
 import hashlib
 import os
@@ -9,10 +9,10 @@ import threading
 import numpy as np
 import pytest
 
-from bertjax.data import pipeline
-from bertjax.data import record_index
-from bertjax.data import records
-from bertjax.data import schema
+from bertjax.create import records
+from bertjax.input import pipeline
+from bertjax.records import schema
+from bertjax.records import tfrecord
 import data_utils
 
 L, P, V = 32, 5, 200
@@ -170,9 +170,9 @@ def test_original_release_files_without_index_or_metadata(dataset, tmp_path):
   assert sorted(ids_of(take(src.iterate(0), 5), examples)) == list(range(120))
   # The index built by scanning equals the written index of the same framing.
   indexed = os.path.join(directory, "part-00000-of-00004.tfrecord")
-  scanned = record_index._scan(indexed, os.path.getsize(indexed), False)
+  scanned = tfrecord._scan(indexed, os.path.getsize(indexed), False)
   np.testing.assert_array_equal(scanned.offsets, np.fromfile(indexed + ".index", "<i8"))
-  np.testing.assert_array_equal(scanned.offsets, record_index.load_index(indexed).offsets)
+  np.testing.assert_array_equal(scanned.offsets, tfrecord.load_index(indexed).offsets)
   with pytest.raises(ValueError, match="no metadata.json"):
     pipeline.check_metadata(pattern(plain), max_seq_length=L, max_predictions_per_seq=P,
                             require=True)
@@ -231,11 +231,11 @@ def test_flipped_byte_fails_with_the_file_name_or_is_skipped(dataset, tmp_path):
   path = os.path.join(bad, "part-00002-of-00004.tfrecord")
   offset = int(np.fromfile(path + ".index", "<i8")[17])
   with open(path, "r+b") as f:
-    f.seek(offset + record_index.HEADER_BYTES + 10)
+    f.seek(offset + tfrecord.HEADER_BYTES + 10)
     byte = f.read(1)
-    f.seek(offset + record_index.HEADER_BYTES + 10)
+    f.seek(offset + tfrecord.HEADER_BYTES + 10)
     f.write(bytes([byte[0] ^ 0xFF]))
-  with pytest.raises(record_index.CorruptRecordError,
+  with pytest.raises(tfrecord.CorruptRecordError,
                      match=f"{path}: corrupt TFRecord frame at byte offset {offset}: "
                      "the data's CRC"):
     take(source(bad, 50).iterate(0), N // 50)
@@ -260,7 +260,7 @@ def test_truncated_file_fails_with_the_file_name_or_is_skipped(dataset, tmp_path
       if f.endswith(".index"):
         os.remove(os.path.join(bad, f))
   os.truncate(path, os.path.getsize(path) - 7)
-  with pytest.raises(record_index.CorruptRecordError, match=f"{path}: .*truncated"):
+  with pytest.raises(tfrecord.CorruptRecordError, match=f"{path}: .*truncated"):
     source(bad, 50)
   src = source(bad, 50, skip_corrupt=True)
   assert src.stats["records_dropped_at_index"] == 1 and src.num_records == N - 1
@@ -314,7 +314,7 @@ def test_reads_shards_written_by_records(tmp_path):
 def test_malloc_thresholds_restored_after_the_generator_dataset_starts(dataset):
   # tf.data's generator dataset fixes glibc's mmap threshold at 128 KiB; the
   # reader sets the adaptive ceilings back once its first batch is out.
-  from bertjax.data import batch_reader  # pylint: disable=g-import-not-at-top
+  from bertjax.input import batch_reader  # pylint: disable=g-import-not-at-top
   directory, _ = dataset
   calls = []
   real = batch_reader.restore_malloc_thresholds

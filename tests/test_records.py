@@ -6,10 +6,10 @@ import random
 import numpy as np
 import pytest
 
-from bertjax.data import instance_batches
-from bertjax.data import record_batches
-from bertjax.data import records
-from bertjax.data import schema
+from bertjax.create import instance_batches
+from bertjax.create import record_batches
+from bertjax.create import records
+from bertjax.records import schema
 
 tf = pytest.importorskip("tensorflow")
 

@@ -48,7 +48,7 @@ def _child(mesh_names: list[str]) -> dict:
   import jax  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
 
-  from bertjax.data.synthetic import SyntheticSource  # pylint: disable=g-import-not-at-top
+  from bertjax.input.synthetic import SyntheticSource  # pylint: disable=g-import-not-at-top
   from bertjax.model.bert import BertForPreTraining  # pylint: disable=g-import-not-at-top
   from bertjax.model.config import BertConfig  # pylint: disable=g-import-not-at-top
   from bertjax.train import loop  # pylint: disable=g-import-not-at-top,unused-import

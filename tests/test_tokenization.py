@@ -1,4 +1,4 @@
-"""Tests of the tokenizers (bertjax/data/tokenization.py, basic_tokenizer.py).
+"""Tests of the tokenizers (bertjax/text/tokenization.py, basic_tokenizer.py).
 
 WordPiece is checked id for id against transformers' BertTokenizer (the
 original algorithm in Python) with the same vocab, uncased and cased.
@@ -13,11 +13,11 @@ import unicodedata
 import numpy as np
 import pytest
 
-from bertjax.data import ascii_words
-from bertjax.data import basic_tokenizer
-from bertjax.data import schema
-from bertjax.data import tokenization
-from bertjax.data import vocab as vocab_lib
+from bertjax.records import schema
+from bertjax.text import ascii_words
+from bertjax.text import basic_tokenizer
+from bertjax.text import tokenization
+from bertjax.text import vocab as vocab_lib
 
 # Scripts and symbols the parity vocab covers (every character, its lower
 # case and its decomposition, each also as a "##" continuation).

@@ -28,10 +28,10 @@ import shutil
 import tempfile
 import time
 
-from bertjax.data import creation
-from bertjax.data import documents
-from bertjax.data import demo
-from bertjax.data import schema
+from bertjax.create import creation
+from bertjax.create import demo
+from bertjax.create import documents
+from bertjax.records import schema
 
 
 # --- The original. -----------------------------------------------------------
@@ -89,7 +89,7 @@ def build_corpus(directory, copies, seed=0):
 
 
 def _build_vocab(corpus, path, vocab_size):
-  from bertjax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+  from bertjax.text import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
   vocab_lib.build_wordpiece_vocab([corpus], path, vocab_size=vocab_size,
                                   do_lower_case=True)
 

@@ -17,9 +17,9 @@ import time
 
 import numpy as np
 
-from bertjax.data import pipeline
-from bertjax.data import records
-from bertjax.data import schema
+from bertjax.create import records
+from bertjax.input import pipeline
+from bertjax.records import schema
 
 SPECIAL_IDS = {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}
 

@@ -27,8 +27,8 @@ import tempfile
 import time
 
 from bertjax.benchmarks import create_data_bench
-from bertjax.data import tokenization
-from bertjax.data import vocab as vocab_lib
+from bertjax.text import tokenization
+from bertjax.text import vocab as vocab_lib
 
 
 def _sentences(path):

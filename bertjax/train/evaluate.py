@@ -5,7 +5,7 @@ from typing import Iterator
 import jax
 import numpy as np
 
-from bertjax.data.schema import EXAMPLE_WEIGHT_KEY
+from bertjax.records.schema import EXAMPLE_WEIGHT_KEY
 from bertjax.train import step as step_lib
 
 

@@ -18,11 +18,11 @@ import jax
 import ml_collections
 from absl import logging
 
-from bertjax.data import pipeline
-from bertjax.data import schema
-from bertjax.data.synthetic import SyntheticSource
+from bertjax.input import pipeline
+from bertjax.input.synthetic import SyntheticSource
 from bertjax.model.bert import BertForPreTraining
 from bertjax.model.config import BertConfig
+from bertjax.records import schema
 from bertjax.train import checkpoint as ckpt_lib
 from bertjax.train import evaluate as eval_lib
 from bertjax.train import optimizer as opt_lib
@@ -44,25 +44,6 @@ _MAX_STEPS_IN_FLIGHT = 2
 
 class NonFiniteError(FloatingPointError):
   pass
-
-
-def _resolve_data(config: ml_collections.ConfigDict, workdir: str) -> Optional[dict]:
-  """Builds the demo data when config.data.demo_dir asks for it; fills file globs."""
-  if not config.data.demo_dir:
-    return None
-  from bertjax.data import demo  # pylint: disable=g-import-not-at-top
-  demo_dir = config.data.demo_dir
-  if not os.path.isabs(demo_dir) and "://" not in demo_dir:
-    demo_dir = os.path.join(workdir, demo_dir)
-  paths = demo.ensure_demo_data(demo_dir)
-  for name, phase in config.phases.items():
-    key = phase.max_seq_length
-    if phase.max_seq_length not in paths.get("train", {}):
-      raise ValueError(f"--config.phases.{name}.max_seq_length={key}: the demo data "
-                       f"has only lengths {sorted(paths['train'])}")
-    phase.train_files = paths["train"][key]
-    phase.eval_files = paths["eval"][key]
-  return paths
 
 
 def _data_vocab_size(config) -> Optional[int]:
@@ -116,7 +97,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        weights_loader: Optional[WeightsLoader] = None) -> dict[str, Any]:
   """Runs (or resumes) pretraining in `workdir`; returns the final summary."""
   quiet_library_logs()
-  _resolve_data(config, workdir)
   vocab_size = config.model.vocab_size or _data_vocab_size(config)
   if not vocab_size:
     raise run_config.ConfigError("--config.model.vocab_size: 0 means 'from the data', "

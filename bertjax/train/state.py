@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bertjax.data import schema
 from bertjax.model.bert import BertForPreTraining
+from bertjax.records import schema
 from bertjax.train import sharding as sharding_lib
 
 

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bertjax.data.schema import EXAMPLE_WEIGHT_KEY
+from bertjax.records.schema import EXAMPLE_WEIGHT_KEY
 from bertjax.train import sharding as sharding_lib
 from bertjax.train.sharding import BATCH_AXES
 from bertjax.train.state import TrainState

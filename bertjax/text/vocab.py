@@ -1,8 +1,8 @@
 """Builds a WordPiece vocab.txt or a SentencePiece model for a new corpus.
 
-  python -m bertjax.data.vocab --input_file='corpus/*.txt' \\
+  python -m bertjax.text.vocab --input_file='corpus/*.txt' \\
       --output=vocab.txt --vocab_size=30522 [--nodo_lower_case]
-  python -m bertjax.data.vocab --input_file='corpus/*.txt.gz' \\
+  python -m bertjax.text.vocab --input_file='corpus/*.txt.gz' \\
       --output=spm.model --vocab_size=32000 --tokenizer=sentencepiece \\
       --model_type=unigram
 
@@ -35,10 +35,10 @@ from absl import app
 from absl import flags
 import tokenizers
 
-from bertjax.data import basic_tokenizer
-from bertjax.data import corpus
-from bertjax.data import schema
-from bertjax.data import tokenization
+from bertjax.records import schema
+from bertjax.text import basic_tokenizer
+from bertjax.text import corpus
+from bertjax.text import tokenization
 
 _BATCH = 1000  # Lines handed to the trainer together.
 

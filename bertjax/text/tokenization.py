@@ -38,11 +38,11 @@ from typing import Optional, Sequence
 import numpy as np
 import tokenizers
 
-from bertjax.data import ascii_words
-from bertjax.data import basic_tokenizer
-from bertjax.data import corpus
-from bertjax.data import ragged
-from bertjax.data import schema
+from bertjax.records import schema
+from bertjax.text import ascii_words
+from bertjax.text import basic_tokenizer
+from bertjax.text import corpus
+from bertjax.text import ragged
 
 KINDS = ("wordpiece", "sentencepiece")
 # special_ids keys, in schema.SPECIAL_TOKENS order.
@@ -92,7 +92,7 @@ def _special_ids(vocab: dict[str, int], path: str,
     raise ValueError(
         f"{path}: the vocab lacks {', '.join(missing)}; BERT needs "
         f"{', '.join(schema.SPECIAL_TOKENS)}. Build a vocab with "
-        "`python -m bertjax.data.vocab`, or add the missing tokens.")
+        "`python -m bertjax.text.vocab`, or add the missing tokens.")
   return ids
 
 

@@ -25,11 +25,11 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from bertjax.data import documents
-from bertjax.data import instance_batches
-from bertjax.data import instances as instances_lib
-from bertjax.data import record_batches
-from bertjax.data import records
+from bertjax.create import documents
+from bertjax.create import instance_batches
+from bertjax.create import instances as instances_lib
+from bertjax.create import record_batches
+from bertjax.create import records
 
 # Sort key of a record: random key, then its origin (input shard, chunk,
 # dupe pass, index in the pass), so ties are broken deterministically; kept
@@ -106,7 +106,7 @@ class TokenizerSpec:
   do_lower_case: bool = True
 
   def load(self):
-    from bertjax.data import tokenization  # pylint: disable=g-import-not-at-top
+    from bertjax.text import tokenization  # pylint: disable=g-import-not-at-top
     return tokenization.load_tokenizer(self.kind, self.path, self.do_lower_case)
 
 

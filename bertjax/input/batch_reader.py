@@ -1,7 +1,7 @@
 """Reads, checks and parses host batches of records with tf.data.
 
 `HostBatches` turns a function step -> record indices into batches: Python
-threads read the records by offset (record_index.RecordReader, CRCs checked),
+threads read the records by offset (tfrecord.RecordReader, CRCs checked),
 tf.data parses each batch with tf.io.parse_example (vectorised), casts it to
 int32, masks it afresh when asked (dynamic_masking) and prefetches. Batch
 `step` depends only on `step`, so any step can be re-read, which is how a
@@ -17,9 +17,9 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 from absl import logging
 import numpy as np
 
-from bertjax.data import dynamic_masking as masking_lib
-from bertjax.data import record_index
-from bertjax.data import schema
+from bertjax.input import dynamic_masking as masking_lib
+from bertjax.records import schema
+from bertjax.records import tfrecord
 
 KEY_FILE_SHIFT = 40  # example key = file number << 40 | record number in file
 _tf_module = None
@@ -93,7 +93,7 @@ class Records:
                skip_corrupt: bool, verify_crc: bool, threads: int):
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
       indexes = list(pool.map(
-          lambda i: record_index.load_index(files[i], skip_corrupt=skip_corrupt),
+          lambda i: tfrecord.load_index(files[i], skip_corrupt=skip_corrupt),
           file_numbers))
     sizes = np.array([len(ix) for ix in indexes], np.int64)
     self.file_numbers = np.asarray(file_numbers, np.int64)
@@ -102,7 +102,7 @@ class Records:
     self.lengths = np.concatenate([ix.lengths for ix in indexes]
                                   + [np.zeros(0, np.int64)]).astype(np.int32)
     self.dropped = sum(ix.dropped for ix in indexes)
-    self.reader = record_index.RecordReader(files, verify_crc=verify_crc)
+    self.reader = tfrecord.RecordReader(files, verify_crc=verify_crc)
 
   def __len__(self) -> int:
     return len(self.offsets)
@@ -171,9 +171,9 @@ class HostBatches:
     skipped = 0
     data, _, keys[real] = self._records.read(idx[real])
     for row, item in zip(real.tolist(), data):
-      if isinstance(item, record_index.CorruptRecordError):
+      if isinstance(item, tfrecord.CorruptRecordError):
         if not self._skip_corrupt:
-          raise record_index.CorruptRecordError(
+          raise tfrecord.CorruptRecordError(
               item.path, item.offset, item.reason,
               "Pass skip_corrupt=True to skip such records (counted and logged), "
               "or re-create the shard.")

@@ -12,8 +12,8 @@ import dataclasses
 
 import numpy as np
 
-from bertjax.data import instances
-from bertjax.data import ragged
+from bertjax.create import instances
+from bertjax.text import ragged
 
 
 def assemble_pairs(spans_Nx7: np.ndarray, tokens: np.ndarray, doc_starts: np.ndarray,

@@ -28,9 +28,9 @@ import re
 import sysconfig
 from typing import Iterator, Optional
 
-from bertjax.data import creation
-from bertjax.data import documents
-from bertjax.data import schema
+from bertjax.create import creation
+from bertjax.create import documents
+from bertjax.records import schema
 
 PHASES = {128: 20, 512: 80}  # max_seq_length -> max_predictions_per_seq
 _HEADING_UNDERLINE = re.compile(r"^([=\-*~^+#\"])\1{2,}$")
@@ -95,7 +95,7 @@ def _prose(paragraph: list[str]) -> str:
 
 
 def _split_sentences(text: str) -> list[str]:
-  from bertjax.data import corpus  # pylint: disable=g-import-not-at-top
+  from bertjax.text import corpus  # pylint: disable=g-import-not-at-top
   return [s for s in corpus.split_sentences(text) if s.strip()]
 
 
@@ -229,7 +229,7 @@ def ensure_demo_data(data_dir: str, *, vocab_size: int = 6000,
     log(f"demo corpus: {len(docs) - num_eval} training and {num_eval} "
         f"evaluation documents in {os.path.dirname(paths['train_text'])}")
   if not os.path.exists(paths["vocab"]):
-    from bertjax.data import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
+    from bertjax.text import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
     tmp = paths["vocab"] + ".tmp"
     vocab_lib.build_wordpiece_vocab([paths["train_text"]], tmp,
                                     vocab_size=vocab_size, do_lower_case=True)
@@ -253,4 +253,27 @@ def ensure_demo_data(data_dir: str, *, vocab_size: int = 6000,
       if not done:
         md = schema.read_metadata(out)
         log(f"demo {split}_{length}: {md.num_instances} instances in {out}")
+  return paths
+
+
+def prepare_config(config, workdir: str) -> Optional[dict]:
+  """Builds the demo data when `config.data.demo_dir` names a directory, and
+  points every phase's train_files and eval_files at it.
+
+  A relative demo_dir is taken inside `workdir`. Returns the paths of
+  `ensure_demo_data`, or None when the config uses no demo data.
+  """
+  if not config.data.demo_dir:
+    return None
+  demo_dir = config.data.demo_dir
+  if not os.path.isabs(demo_dir) and "://" not in demo_dir:
+    demo_dir = os.path.join(workdir, demo_dir)
+  paths = ensure_demo_data(demo_dir)
+  for name, phase in config.phases.items():
+    length = phase.max_seq_length
+    if length not in paths.get("train", {}):
+      raise ValueError(f"--config.phases.{name}.max_seq_length={length}: the demo data "
+                       f"has only lengths {sorted(paths['train'])}")
+    phase.train_files = paths["train"][length]
+    phase.eval_files = paths["eval"][length]
   return paths

@@ -9,7 +9,7 @@ from typing import Iterator
 
 import numpy as np
 
-from bertjax.data import schema
+from bertjax.records import schema
 
 FIRST_REGULAR_ID = 5  # Ids below are [PAD] [UNK] [CLS] [SEP] [MASK] in bertjax vocabs.
 

@@ -37,10 +37,10 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from bertjax.data import documents
-from bertjax.data import mapper
-from bertjax.data import records
-from bertjax.data import schema
+from bertjax.create import documents
+from bertjax.create import mapper
+from bertjax.create import records
+from bertjax.records import schema
 
 # The names a caller of the driver needs, defined with the map step.
 CreationConfig = mapper.CreationConfig

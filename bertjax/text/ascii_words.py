@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from bertjax.data import ragged
+from bertjax.text import ragged
 
 _MARK = b"\x00"  # Ends each text in the split stream (NUL is always dropped).
 

@@ -19,11 +19,11 @@ import json
 import os
 from typing import Optional, Sequence
 
-from bertjax.data import creation
-from bertjax.data import documents
-from bertjax.data import mapper
-from bertjax.data import records
-from bertjax.data import schema
+from bertjax.create import creation
+from bertjax.create import documents
+from bertjax.create import mapper
+from bertjax.create import records
+from bertjax.records import schema
 
 
 def _open(path: str, mode: str):

@@ -20,7 +20,7 @@ from typing import Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
-from bertjax.data import record_index
+from bertjax.records import tfrecord
 
 INDEX_SUFFIX = ".index"
 FEATURE_ORDER = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
@@ -198,7 +198,7 @@ def decode_example(data: bytes) -> dict[str, np.ndarray]:
 
 
 def _masked_crc(data: bytes) -> bytes:
-  return struct.pack("<I", record_index.masked_crc32c(data))
+  return struct.pack("<I", tfrecord.masked_crc32c(data))
 
 
 def frame_header(length: int) -> bytes:

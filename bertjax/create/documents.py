@@ -18,7 +18,7 @@ import collections
 import dataclasses
 from typing import Any, Iterator
 
-from bertjax.data import corpus
+from bertjax.text import corpus
 
 INPUT_FORMATS = ("sentences", "documents", "directory", "tfds")
 

@@ -33,13 +33,13 @@ when the data is created.
 
 Reading
 -------
-Python threads read whole frames by offset (record_index.RecordReader: one
+Python threads read whole frames by offset (tfrecord.RecordReader: one
 pread per run of adjacent frames, both CRCs checked) and hand batches of
 serialized examples to tf.data, which parses them with tf.io.parse_example
 after batching (vectorised), casts to int32, masks them afresh if
 `dynamic_masking` is set, and prefetches. TensorFlow never sees an accelerator.
 
-A corrupt or truncated record raises record_index.CorruptRecordError naming
+A corrupt or truncated record raises tfrecord.CorruptRecordError naming
 the file and offset; with skip_corrupt=True its row becomes a padding example
 of weight 0 (the step keeps its size and every other row its place), counted
 in `stats` and logged. A record that parses badly (wrong max_seq_length, not a
@@ -56,10 +56,10 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 from absl import logging
 import numpy as np
 
-from bertjax.data import batch_reader
-from bertjax.data import dynamic_masking as masking_lib
-from bertjax.data import record_index
-from bertjax.data import schema
+from bertjax.input import batch_reader
+from bertjax.input import dynamic_masking as masking_lib
+from bertjax.records import schema
+from bertjax.records import tfrecord
 
 ORDERS = ("files", "global")
 
@@ -70,11 +70,11 @@ def list_files(file_pattern: str) -> list[str]:
   files = set()
   for pattern in file_pattern.split(","):
     pattern = pattern.strip()
-    if record_index.is_remote(pattern):
+    if tfrecord.is_remote(pattern):
       files.update(batch_reader.tf_module().io.gfile.glob(pattern))
     else:
       files.update(p for p in globlib.glob(pattern) if os.path.isfile(p))
-  files = sorted(f for f in files if not f.endswith(record_index.INDEX_SUFFIX)
+  files = sorted(f for f in files if not f.endswith(tfrecord.INDEX_SUFFIX)
                  and os.path.basename(f) != schema.METADATA_FILENAME)
   if not files:
     raise FileNotFoundError(f"file pattern {file_pattern!r} matches no TFRecord "
@@ -228,7 +228,7 @@ class TrainSource:
       _warn_if_unbalanced(self.files, count, self.metadata)
     else:
       numbers, salt = list(range(len(self.files))), (2,)
-    if shuffle_block == 1 and any(record_index.is_remote(f) for f in self.files):
+    if shuffle_block == 1 and any(tfrecord.is_remote(f) for f in self.files):
       logging.warning("Reading single records at random from remote files is "
                       "slow; consider shuffle_block=256.")
     self.host_files = [self.files[i] for i in numbers]

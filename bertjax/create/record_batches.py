@@ -18,8 +18,8 @@ is computed one record at a time (google_crc32c).
 import google_crc32c
 import numpy as np
 
-from bertjax.data import record_index
-from bertjax.data import records
+from bertjax.create import records
+from bertjax.records import tfrecord
 
 _HEADER = 12  # uint64 length + masked crc of it.
 _FOOTER = 4  # masked crc of the data.
@@ -35,10 +35,10 @@ def _table(rows: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _masked_crc(crc: np.ndarray) -> np.ndarray:
-  """record_index.masked_crc32c's masking, for an array of crcs."""
+  """tfrecord.masked_crc32c's masking, for an array of crcs."""
   crc = crc.astype(np.uint32)
   return (((crc >> np.uint32(15)) | (crc << np.uint32(17)))
-          + np.uint32(record_index.MASK_DELTA)).astype("<u4")
+          + np.uint32(tfrecord.MASK_DELTA)).astype("<u4")
 
 
 class FramedBatch:

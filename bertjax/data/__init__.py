@@ -1,1 +1,0 @@
-"""Data layer: text -> tokens -> pre-masked TFRecords -> batches."""

@@ -1,0 +1,2 @@
+"""Text handling: WordPiece and SentencePiece tokenizers, vocab building, corpus
+reading and sentence splitting."""
