@@ -26,7 +26,7 @@ import os
 import random
 import re
 import sysconfig
-from typing import Iterator, Optional
+from typing import Iterable, Iterator, Optional
 
 from bertjax.create import creation
 from bertjax.create import documents
@@ -138,15 +138,19 @@ def _docstring_sections(tree: ast.Module) -> list[list[str]]:
   return [s for s in sections if s]
 
 
-def _library_modules() -> Iterator[list[list[str]]]:
-  """Per standard-library module (sorted by path), its docstrings' prose by section."""
-  root = sysconfig.get_paths()["stdlib"]
+def python_sources(root: str, skipped_dirs=frozenset()) -> list[str]:
+  """The .py files under `root`, sorted, outside directories named in skipped_dirs."""
   paths = []
   for directory, subdirs, names in os.walk(root):
-    subdirs[:] = sorted(d for d in subdirs
-                        if d not in _SKIPPED_LIBRARY_DIRS and not d.startswith("."))
+    subdirs[:] = sorted(d for d in subdirs if d not in skipped_dirs and not d.startswith("."))
     paths.extend(os.path.join(directory, n) for n in names if n.endswith(".py"))
-  for path in sorted(paths):
+  return sorted(paths)
+
+
+def module_sections(paths: Iterable[str]) -> Iterator[list[list[str]]]:
+  """Per Python source file, its docstrings' prose paragraphs by section;
+  files that do not parse are passed over."""
+  for path in paths:
     try:
       with open(path, encoding="utf-8") as f:
         tree = ast.parse(f.read(), path)
@@ -157,18 +161,18 @@ def _library_modules() -> Iterator[list[list[str]]]:
       yield sections
 
 
-def demo_documents(min_sentences: int = 3) -> list[list[str]]:
-  """The documents (lists of sentences) of the demo corpus, in a fixed order.
+def documents_from_sections(modules: Iterable[list[list[str]]],
+                            min_sentences: int = 3) -> list[list[str]]:
+  """Documents (lists of sentences) from sections of prose paragraphs.
 
-  The reference topics' sections, then the standard library's modules. A
-  section with fewer than `min_sentences` sentences joins the document before
-  it (of the same topic). Text recurs (topics share sections, classes repeat
-  their methods' docs), so a sentence of five or more words is kept only
-  where it first appears; a document left with fewer than two sentences is
-  dropped.
+  A section with fewer than `min_sentences` sentences joins the document before
+  it (of the same topic or module). Text recurs (topics share sections, classes
+  repeat their methods' docs), so a sentence of five or more words is kept
+  only where it first appears; a document left with fewer than two sentences
+  is dropped.
   """
   docs, seen = [], set()
-  for sections in [*_topic_sections(), *_library_modules()]:
+  for sections in modules:
     topic_docs = []
     for paragraphs in sections:
       sentences = []
@@ -187,6 +191,15 @@ def demo_documents(min_sentences: int = 3) -> list[list[str]]:
         topic_docs.append(sentences)
     docs.extend(d for d in topic_docs if len(d) >= 2)
   return docs
+
+
+def demo_documents(min_sentences: int = 3) -> list[list[str]]:
+  """The documents (lists of sentences) of the demo corpus, in a fixed order:
+  the reference topics' sections, then the standard library's modules (see
+  `documents_from_sections`)."""
+  library = python_sources(sysconfig.get_paths()["stdlib"], _SKIPPED_LIBRARY_DIRS)
+  return documents_from_sections([*_topic_sections(), *module_sections(library)],
+                                 min_sentences)
 
 
 def _format(docs: list[list[str]]) -> str:
