@@ -1,0 +1,193 @@
+"""The one file layer: local paths and URLs (gs://...), gzip, atomic writes.
+
+Every module that touches a data, checkpoint-side or export file goes
+through here, so each path scheme and each write rule is written once:
+
+* A path with "://" in it is remote and goes through `tf.io.gfile`
+  (TensorFlow is imported only then); anything else is local and uses the
+  standard library.
+* `open_read` decompresses names ending in `.gz`.
+* `write_bytes` / `write_text` write a whole file at once: locally to a
+  hidden temporary name in the same directory, then renamed, so a reader (or
+  a training glob such as `dir/*`) never sees a partial file; remotely in one
+  object write, which object stores make atomic.
+* `retry` re-runs a read on transient I/O errors with exponential backoff.
+"""
+
+import glob as globlib
+import gzip
+import logging
+import os
+import time
+from typing import Callable, IO, Iterator, TypeVar
+
+T = TypeVar("T")
+
+
+def is_remote(path: str) -> bool:
+  """True for URLs (gs://bucket/...), which go through tf.io.gfile."""
+  return "://" in path
+
+
+def _gfile():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  return tf.io.gfile
+
+
+def glob(pattern: str) -> list[str]:
+  """The files (not directories) matching a glob, sorted."""
+  if is_remote(pattern):
+    gfile = _gfile()
+    return sorted(p for p in gfile.glob(pattern) if not gfile.isdir(p))
+  return sorted(p for p in globlib.glob(pattern) if not os.path.isdir(p))
+
+
+def exists(path: str) -> bool:
+  return _gfile().exists(path) if is_remote(path) else os.path.exists(path)
+
+
+def isdir(path: str) -> bool:
+  return _gfile().isdir(path) if is_remote(path) else os.path.isdir(path)
+
+
+def readable(path: str) -> bool:
+  return _gfile().exists(path) if is_remote(path) else os.access(path, os.R_OK)
+
+
+def walk_files(directory: str) -> list[str]:
+  """Every file under a directory, recursively, sorted."""
+  walk = _gfile().walk if is_remote(directory) else os.walk
+  return sorted(os.path.join(root, name) for root, _, names in walk(directory)
+                for name in names)
+
+
+def listdir(directory: str) -> list[str]:
+  """The names in a directory, sorted."""
+  names = _gfile().listdir(directory) if is_remote(directory) else os.listdir(directory)
+  return sorted(n.rstrip("/") for n in names)
+
+
+def stat(path: str) -> tuple[int, int]:
+  """(size in bytes as stored, mtime in ns) of a local or remote file."""
+  if is_remote(path):
+    st = _gfile().stat(path)
+    return int(st.length), int(st.mtime_nsec)
+  st = os.stat(path)
+  return st.st_size, st.st_mtime_ns
+
+
+def size(path: str) -> int:
+  """Size in bytes as stored (compressed for .gz)."""
+  return stat(path)[0]
+
+
+def makedirs(path: str) -> None:
+  if is_remote(path):
+    _gfile().makedirs(path)
+  else:
+    os.makedirs(path, exist_ok=True)
+
+
+def remove(path: str) -> None:
+  if is_remote(path):
+    _gfile().remove(path)
+  else:
+    os.remove(path)
+
+
+def open_binary(path: str, mode: str = "rb") -> IO[bytes]:
+  """A raw (not decompressed) binary file object, local or remote."""
+  if is_remote(path):
+    return _gfile().GFile(path, mode)
+  return open(path, mode)  # pylint: disable=consider-using-with
+
+
+def open_read(path: str) -> IO[bytes]:
+  """A binary reader, decompressing names that end in `.gz`."""
+  raw = open_binary(path)
+  return gzip.GzipFile(fileobj=raw, mode="rb") if path.endswith(".gz") else raw
+
+
+def read_bytes(path: str) -> bytes:
+  """A whole file's bytes (decompressed for .gz)."""
+  with open_read(path) as f:
+    return f.read()
+
+
+def read_text(path: str) -> str:
+  return read_bytes(path).decode("utf-8")
+
+
+def temporary_path(path: str) -> str:
+  """A hidden name beside `path` for a write in progress: it starts with a dot
+  (so `dir/*` globs skip it) and carries the process id."""
+  directory, name = os.path.split(path)
+  return os.path.join(directory, f".{name}.tmp-{os.getpid()}")
+
+
+def write_bytes(path: str, data: bytes) -> None:
+  """Writes a whole file: atomically (hidden temporary, rename) when local, in
+  one object write when remote. Creates the directory if needed."""
+  if is_remote(path):
+    with _gfile().GFile(path, "wb") as f:
+      f.write(data)
+    return
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  tmp = temporary_path(path)
+  try:
+    with open(tmp, "wb") as f:
+      f.write(data)
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+
+
+def write_text(path: str, text: str) -> None:
+  write_bytes(path, text.encode("utf-8"))
+
+
+def iter_lines(path: str) -> Iterator[bytes]:
+  """A file's lines as bytes (decompressed for .gz)."""
+  with open_read(path) as f:
+    yield from f
+
+
+# Errors worth another try: the network or the store may recover. A missing
+# file, a permission error or a full disk will not.
+_PERMANENT_ERRNOS = {2, 13, 21, 28}  # ENOENT, EACCES, EISDIR, ENOSPC.
+
+
+def is_transient(error: BaseException) -> bool:
+  """True for I/O errors that a retry may cure (timeouts, resets, 5xx)."""
+  if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError)):
+    return False
+  if isinstance(error, OSError):
+    return getattr(error, "errno", None) not in _PERMANENT_ERRNOS
+  name = type(error).__name__
+  # tf.errors raised by tf.io.gfile on remote stores.
+  return name in {"UnavailableError", "DeadlineExceededError", "AbortedError",
+                  "InternalError", "ResourceExhaustedError", "UnknownError"}
+
+
+def retry(fn: Callable[[], T], what: str, *, attempts: int = 6,
+          initial_delay: float = 0.5, max_delay: float = 30.0) -> T:
+  """fn(), tried again on transient I/O errors with exponential backoff.
+
+  `what` names the operation in the log (e.g. "read of gs://b/x at 1024").
+  The last error is raised when `attempts` tries have failed, and at once
+  for errors that are not transient.
+  """
+  delay = initial_delay
+  for attempt in range(1, attempts + 1):
+    try:
+      return fn()
+    except Exception as e:  # pylint: disable=broad-except
+      if attempt == attempts or not is_transient(e):
+        raise
+      logging.warning("%s failed (%s: %s); try %d of %d in %.1f s.", what,
+                      type(e).__name__, e, attempt + 1, attempts, delay)
+      time.sleep(delay)
+      delay = min(2 * delay, max_delay)
+  raise AssertionError("unreachable")

@@ -1,0 +1,77 @@
+"""The file layer: globs, gzip, atomic writes, retries of transient errors."""
+
+import errno
+import gzip
+import os
+
+import pytest
+
+from bertjax.records import fileio
+
+
+def test_glob_lists_files_sorted_without_directories(tmp_path):
+  for name in ("b.txt", "a.txt"):
+    (tmp_path / name).write_text("x")
+  (tmp_path / "c.txt").mkdir()
+  assert fileio.glob(str(tmp_path / "*.txt")) == [str(tmp_path / "a.txt"),
+                                                   str(tmp_path / "b.txt")]
+
+
+def test_gz_files_are_decompressed_when_read(tmp_path):
+  path = str(tmp_path / "x.txt.gz")
+  with gzip.open(path, "wb") as f:
+    f.write(b"one\ntwo\n")
+  assert fileio.read_bytes(path) == b"one\ntwo\n"
+  assert list(fileio.iter_lines(path)) == [b"one\n", b"two\n"]
+  assert fileio.size(path) == os.path.getsize(path)
+
+
+def test_write_is_atomic_and_leaves_no_temporary(tmp_path):
+  path = str(tmp_path / "sub" / "out.json")
+  fileio.write_text(path, "first")
+  fileio.write_text(path, "second")
+  assert fileio.read_text(path) == "second"
+  assert os.listdir(tmp_path / "sub") == ["out.json"]
+  # The temporary name is hidden from `dir/*` globs.
+  assert os.path.basename(fileio.temporary_path(path)).startswith(".")
+
+
+def test_failed_write_keeps_the_old_file(tmp_path):
+  path = str(tmp_path / "out.bin")
+  fileio.write_bytes(path, b"old")
+
+  with pytest.raises(TypeError):
+    fileio.write_bytes(path, object())  # Not bytes: the write fails part-way.
+  assert fileio.read_bytes(path) == b"old"
+  assert os.listdir(tmp_path) == ["out.bin"]
+
+
+def test_retry_cures_transient_errors_and_stops_on_permanent_ones():
+  calls = []
+
+  def flaky():
+    calls.append(1)
+    if len(calls) < 3:
+      raise ConnectionResetError(errno.ECONNRESET, "reset by peer")
+    return "ok"
+
+  assert fileio.retry(flaky, "read", initial_delay=0.001) == "ok"
+  assert len(calls) == 3
+
+  def missing():
+    calls.append(1)
+    raise FileNotFoundError(errno.ENOENT, "gone")
+
+  calls.clear()
+  with pytest.raises(FileNotFoundError):
+    fileio.retry(missing, "read", initial_delay=0.001)
+  assert len(calls) == 1
+
+  def always():
+    calls.append(1)
+    raise TimeoutError("slow")
+
+  calls.clear()
+  with pytest.raises(TimeoutError):
+    fileio.retry(always, "read", attempts=4, initial_delay=0.001)
+  assert len(calls) == 4
