@@ -1,50 +1,213 @@
 #!/usr/bin/env bash
-# Pretrains BERT on a Cloud TPU VM slice (one process per host, all hosts at once).
+# Pretrains BERT on a Cloud TPU VM slice: one detached process per host, all
+# hosts at once, re-created and resumed when a spot slice is preempted.
 #
 #   export TPU_NAME=bert-large ZONE=us-central2-b PROJECT=my-project
-#   export ACCELERATOR=v4-64 RUNTIME=tpu-ubuntu2204-base BUCKET=gs://my-bucket
-#   launch/tpu_vm.sh create                      # book the slice
-#   launch/tpu_vm.sh setup                       # install bertjax on every host
+#   export ACCELERATOR=v4-64 RUNTIME=tpu-ubuntu2204-base REPO_URL=https://...
+#   export SPOT=1              # optional: a spot slice through a queued resource
+#   launch/tpu_vm.sh create    # book the slice (queued resource when SPOT or QUEUED)
+#   launch/tpu_vm.sh setup     # install bertjax on every host
+#   launch/tpu_vm.sh check configs/large.py gs://my-bucket/runs/large
 #   launch/tpu_vm.sh train configs/large.py gs://my-bucket/runs/large \
-#       --config.phases.seq128.train_files="$BUCKET/data/train_128/*.tfrecord" \
-#       --config.phases.seq512.train_files="$BUCKET/data/train_512/*.tfrecord"
+#       --config.phases.seq128.train_files="gs://my-bucket/data/train_128/*.tfrecord" \
+#       --config.phases.seq512.train_files="gs://my-bucket/data/train_512/*.tfrecord"
+#   launch/tpu_vm.sh status    # slice state, and per host: running / exited with code N
+#   launch/tpu_vm.sh logs      # follow host 0's log (WORKER=N for another host)
+#   launch/tpu_vm.sh stop      # SIGTERM on every host: checkpoint, then exit
+#   launch/tpu_vm.sh watch configs/large.py gs://... [overrides]   # keep the run alive
 #   launch/tpu_vm.sh delete
 #
-# The run resumes from its workdir, so `train` after a preemption (or with
-# --reserved/--spot slices that get recreated) picks up where it stopped.
+# `train` runs `check` first, then starts training in a tmux session on every
+# host and returns; the session outlives the SSH connection. Each host logs to
+# ~/bertjax_run/train.log and copies the log to WORKDIR/logs/HOST.log every
+# LOG_SYNC_SECONDS. `watch` does what `train` does, then polls every
+# WATCH_INTERVAL seconds: when the slice is preempted it deletes and re-creates
+# it (up to MAX_RECREATIONS times), installs, checks and reruns the same
+# command, which resumes from the workdir's latest checkpoint. It returns 0
+# when every host's training exited 0 and WORKDIR/summary.json exists, and
+# non-zero when a host exits with an error.
 set -euo pipefail
 
 : "${TPU_NAME:?set TPU_NAME}" "${ZONE:?set ZONE}" "${PROJECT:?set PROJECT}"
 REPO_URL="${REPO_URL:-$(git config --get remote.origin.url || true)}"
 BRANCH="${BRANCH:-main}"
+QR_NAME="${QR_NAME:-$TPU_NAME-qr}"
+RUN_DIR='~/bertjax_run'
+WATCH_INTERVAL="${WATCH_INTERVAL:-60}"
+MAX_RECREATIONS="${MAX_RECREATIONS:-20}"
+LOG_SYNC_SECONDS="${LOG_SYNC_SECONDS:-60}"
+ACTIVE_TIMEOUT="${ACTIVE_TIMEOUT:-86400}"
 
 tpu() { gcloud compute tpus tpu-vm "$@" --zone="$ZONE" --project="$PROJECT"; }
+qr() { gcloud compute tpus queued-resources "$@" --zone="$ZONE" --project="$PROJECT"; }
 on_all_hosts() { tpu ssh "$TPU_NAME" --worker=all --command="$1"; }
+queued() { [[ -n "${SPOT:-}${QUEUED:-}" ]]; }
+die() { echo "tpu_vm.sh: $*" >&2; exit 1; }
+
+# The slice's state: READY, CREATING, PREEMPTED, ... or MISSING.
+slice_state() { tpu describe "$TPU_NAME" --format='value(state)' 2>/dev/null || echo MISSING; }
+qr_state() { qr describe "$QR_NAME" --format='value(state.state)' 2>/dev/null || echo MISSING; }
+num_hosts() {
+  local endpoints
+  endpoints=$(tpu describe "$TPU_NAME" --format='value(networkEndpoints[].ipAddress)')
+  awk -F';' '{print NF}' <<<"$endpoints"
+}
+
+create() {
+  : "${ACCELERATOR:?set ACCELERATOR, e.g. v4-16 for BASE, v4-64 for LARGE}"
+  local runtime="${RUNTIME:-tpu-ubuntu2204-base}"
+  if ! queued; then
+    tpu create "$TPU_NAME" --accelerator-type="$ACCELERATOR" --version="$runtime"
+    return
+  fi
+  qr create "$QR_NAME" --node-id="$TPU_NAME" --accelerator-type="$ACCELERATOR" \
+      --runtime-version="$runtime" ${SPOT:+--spot}
+  local waited=0 state
+  while state=$(qr_state); [[ "$state" != ACTIVE ]]; do
+    case "$state" in
+      FAILED|SUSPENDED) die "queued resource $QR_NAME is $state; see: gcloud compute tpus queued-resources describe $QR_NAME --zone=$ZONE" ;;
+    esac
+    (( waited < ACTIVE_TIMEOUT )) || die "queued resource $QR_NAME not ACTIVE after ${ACTIVE_TIMEOUT}s (state $state)"
+    echo "queued resource $QR_NAME: $state; waiting." >&2
+    sleep "$WATCH_INTERVAL"; waited=$((waited + WATCH_INTERVAL))
+  done
+}
+
+delete() {
+  if queued; then qr delete "$QR_NAME" --force --quiet; else tpu delete "$TPU_NAME" --quiet; fi
+}
+
+setup() {
+  : "${REPO_URL:?set REPO_URL to the git URL of bertjax}"
+  on_all_hosts "set -e; sudo apt-get -qq update && sudo apt-get -qq install -y python3-venv git tmux;
+    rm -rf bertjax && git clone -q --branch $(printf %q "$BRANCH") $(printf %q "$REPO_URL") bertjax &&
+    cd bertjax && python3 -m venv .venv && .venv/bin/pip install -q -e '.[tpu]'"
+}
+
+# Every host has the same commit and config file, and sees the workdir's bucket.
+check() {
+  local config="$1" workdir="$2" expected lines
+  expected=$(num_hosts)
+  local bucket_check=true
+  if [[ "$workdir" == gs://* ]]; then
+    bucket_check="gcloud storage ls $(printf %q "${workdir%%/*}//$(cut -d/ -f3 <<<"$workdir")") >/dev/null"
+  fi
+  lines=$(on_all_hosts "cd bertjax && echo bertjax-check host=\$(hostname) \
+commit=\$(git rev-parse HEAD) config=\$(sha256sum < $(printf %q "$config") | cut -c1-16) \
+bucket=\$($bucket_check 2>/dev/null && echo ok || echo unreachable)" | grep '^bertjax-check ' || true)
+  local n commits configs
+  n=$(grep -c . <<<"$lines" || true)
+  [[ "$n" == "$expected" ]] || die "check: $n of $expected hosts answered:"$'\n'"$lines"
+  if grep -q 'bucket=unreachable' <<<"$lines"; then
+    die "check: these hosts cannot reach ${workdir}'s bucket:"$'\n'"$(grep 'bucket=unreachable' <<<"$lines")"
+  fi
+  commits=$(grep -o 'commit=[0-9a-f]*' <<<"$lines" | sort -u)
+  [[ $(grep -c . <<<"$commits") == 1 ]] || die "check: hosts run different commits:"$'\n'"$lines"
+  if [[ -n "${COMMIT:-}" && "$commits" != "commit=$COMMIT"* ]]; then
+    die "check: hosts run $commits, not COMMIT=$COMMIT"
+  fi
+  configs=$(grep -o 'config=[0-9a-f]*' <<<"$lines" | sort -u)
+  [[ $(grep -c . <<<"$configs") == 1 && "$configs" != "config=" ]] \
+      || die "check: $config differs between hosts or is missing:"$'\n'"$lines"
+  echo "check: $n hosts, $commits, $config $configs, bucket reachable." >&2
+}
+
+train() {
+  local config="$1" workdir="$2"; shift 2
+  check "$config" "$workdir"
+  # Quoted for the remote shell, so that globs in overrides reach bertjax intact.
+  local cmd
+  cmd=".venv/bin/python -m bertjax.main --config=$(printf %q "$config") \
+--workdir=$(printf %q "$workdir") --distributed=on$(printf ' %q' "$@")"
+  local sync=""
+  if [[ "$workdir" == gs://* ]]; then
+    sync="(while sleep $LOG_SYNC_SECONDS; do gcloud storage cp -q $RUN_DIR/train.log \
+$(printf %q "$workdir")/logs/\$(hostname).log; done) & "
+  fi
+  # The tmux session runs the command, then leaves its exit code in RUN_DIR.
+  on_all_hosts "set -e; mkdir -p $RUN_DIR; rm -f $RUN_DIR/exit_code;
+    if tmux has-session -t bertjax 2>/dev/null; then echo 'training is already running' >&2; exit 1; fi
+    printf '%s\n' $(printf %q "cd ~/bertjax && $sync$cmd >> $RUN_DIR/train.log 2>&1; echo \$? > $RUN_DIR/exit_code") > $RUN_DIR/run.sh
+    tmux new-session -d -s bertjax bash $RUN_DIR/run.sh"
+  echo "training started on every host; follow it with: $0 logs" >&2
+}
+
+# One line per host: 'bertjax-status HOST running', '... exited N' or '... idle'.
+host_status() {
+  on_all_hosts "if tmux has-session -t bertjax 2>/dev/null && [ ! -f $RUN_DIR/exit_code ]; then
+      echo bertjax-status \$(hostname) running;
+    elif [ -f $RUN_DIR/exit_code ]; then echo bertjax-status \$(hostname) exited \$(cat $RUN_DIR/exit_code);
+    else echo bertjax-status \$(hostname) idle; fi" | grep '^bertjax-status ' || true
+}
+
+summary_exists() {
+  local out
+  out=$(tpu ssh "$TPU_NAME" --worker=0 --command="cd bertjax && .venv/bin/python -c 'import sys; \
+from bertjax.records import fileio; print(\"bertjax-summary\", fileio.exists(sys.argv[1] + \"/summary.json\"))' \
+$(printf %q "$1")") || true
+  grep -q '^bertjax-summary True' <<<"$out"
+}
+
+recreate() {
+  echo "slice $TPU_NAME is $1: re-creating it." >&2
+  delete || true
+  create
+  setup
+}
+
+# `train` in a subshell: a failed start (hosts going down) is retried at the
+# next poll, up to MAX_START_FAILURES times in a row.
+start_or_retry() {
+  if ( train "$@" ); then START_FAILURES=0; return; fi
+  START_FAILURES=$((START_FAILURES + 1))
+  (( START_FAILURES < ${MAX_START_FAILURES:-3} )) || die "training did not start $START_FAILURES times in a row"
+  echo "tpu_vm.sh: training did not start; trying again in ${WATCH_INTERVAL}s." >&2
+}
+
+watch() {
+  local workdir="$2" recreations=0 state statuses
+  START_FAILURES=0
+  state=$(slice_state)
+  if [[ "$state" != READY ]]; then recreate "$state"; fi
+  start_or_retry "$@"
+  while sleep "$WATCH_INTERVAL"; do
+    state=$(slice_state)
+    if [[ "$state" != READY ]]; then
+      (( recreations < MAX_RECREATIONS )) || die "slice $TPU_NAME is $state after $recreations re-creations; giving up"
+      recreations=$((recreations + 1))
+      recreate "$state"
+      start_or_retry "$@"
+      continue
+    fi
+    statuses=$(host_status)
+    echo "$statuses" >&2
+    grep -q ' running$' <<<"$statuses" && continue
+    if grep -q ' exited [1-9]' <<<"$statuses"; then
+      die "training failed on a host:"$'\n'"$statuses"$'\n'"see: $0 logs"
+    fi
+    if grep -q ' exited 0$' <<<"$statuses" && summary_exists "$workdir"; then
+      echo "training finished: $workdir/summary.json" >&2
+      return 0
+    fi
+    # Exited 0 without a summary (stopped for a preemption notice), or never
+    # started: start again, which resumes from the latest checkpoint.
+    start_or_retry "$@"
+  done
+}
 
 case "${1:-}" in
-  create)
-    : "${ACCELERATOR:?set ACCELERATOR, e.g. v4-16 for BASE, v4-64 for LARGE}"
-    tpu create "$TPU_NAME" --accelerator-type="$ACCELERATOR" \
-        --version="${RUNTIME:-tpu-ubuntu2204-base}" ${SPOT:+--spot}
+  create) create ;;
+  setup) setup ;;
+  check) check "${2:?config file}" "${3:?workdir}" ;;
+  train) train "${2:?config file}" "${3:?workdir (gs:// for pods)}" "${@:4}" ;;
+  status)
+    echo "slice $TPU_NAME: $(slice_state)"
+    if queued; then echo "queued resource $QR_NAME: $(qr_state)"; fi
+    host_status
     ;;
-  setup)
-    : "${REPO_URL:?set REPO_URL to the git URL of bertjax}"
-    on_all_hosts "set -e; sudo apt-get -qq update && sudo apt-get -qq install -y python3-venv git;
-      rm -rf bertjax && git clone -q --branch $BRANCH $REPO_URL bertjax && cd bertjax &&
-      python3 -m venv .venv && .venv/bin/pip install -q -e '.[tpu]'"
-    ;;
-  train)
-    config="${2:?config file}"; workdir="${3:?workdir (gs:// for pods)}"; shift 3
-    # Quoted for the remote shell, so that globs in overrides reach bertjax intact.
-    overrides=$(printf ' %q' "$@")
-    # jax.distributed.initialize() finds the other hosts from the TPU metadata.
-    on_all_hosts "cd bertjax && .venv/bin/python -m bertjax.main --config=$(printf %q "$config") \
-        --workdir=$(printf %q "$workdir") --distributed=on $overrides 2>&1 | tee -a train.log"
-    ;;
-  delete)
-    tpu delete "$TPU_NAME" --quiet
-    ;;
-  *)
-    sed -n '2,16p' "$0"; exit 2
-    ;;
+  logs) tpu ssh "$TPU_NAME" --worker="${WORKER:-0}" --command="tail -n ${LINES:-100} -F $RUN_DIR/train.log" ;;
+  stop) on_all_hosts "pkill -TERM -f 'bertjax.main' || true" ;;
+  watch) watch "${2:?config file}" "${3:?workdir}" "${@:4}" ;;
+  delete) delete ;;
+  *) sed -n '2,28p' "$0"; exit 2 ;;
 esac
