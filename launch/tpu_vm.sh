@@ -119,15 +119,21 @@ train() {
   local cmd
   cmd=".venv/bin/python -m bertjax.main --config=$(printf %q "$config") \
 --workdir=$(printf %q "$workdir") --distributed=on$(printf ' %q' "$@")"
-  local sync=""
+  # run.sh: the command, its exit code left in RUN_DIR, and for gs:// workdirs
+  # a copy of the log in WORKDIR/logs every LOG_SYNC_SECONDS and at the end.
+  local copy=":" script
   if [[ "$workdir" == gs://* ]]; then
-    sync="(while sleep $LOG_SYNC_SECONDS; do gcloud storage cp -q $RUN_DIR/train.log \
-$(printf %q "$workdir")/logs/\$(hostname).log; done) & "
+    copy="gcloud storage cp -q $RUN_DIR/train.log $(printf %q "$workdir")/logs/\$(hostname).log"
   fi
-  # The tmux session runs the command, then leaves its exit code in RUN_DIR.
+  script="cd ~/bertjax
+(while sleep $LOG_SYNC_SECONDS; do $copy; done) & sync=\$!
+$cmd >> $RUN_DIR/train.log 2>&1
+code=\$?
+kill \$sync; $copy
+echo \$code > $RUN_DIR/exit_code"
   on_all_hosts "set -e; mkdir -p $RUN_DIR; rm -f $RUN_DIR/exit_code;
     if tmux has-session -t bertjax 2>/dev/null; then echo 'training is already running' >&2; exit 1; fi
-    printf '%s\n' $(printf %q "cd ~/bertjax && $sync$cmd >> $RUN_DIR/train.log 2>&1; echo \$? > $RUN_DIR/exit_code") > $RUN_DIR/run.sh
+    printf '%s\n' $(printf %q "$script") > $RUN_DIR/run.sh
     tmux new-session -d -s bertjax bash $RUN_DIR/run.sh"
   echo "training started on every host; follow it with: $0 logs" >&2
 }

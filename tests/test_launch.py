@@ -194,3 +194,11 @@ def test_create_waits_for_the_queued_resource(tmp_path):
   (s.dir / "world.json").write_text(json.dumps(s.world))
   result = s.run("create", SPOT="1")
   assert result.returncode != 0 and "queued resource bert-qr is FAILED" in result.stderr
+
+
+def test_logs_are_copied_into_a_gs_workdir(tmp_path):
+  s = Slice(tmp_path, rounds=[{"exit": 0, "summary": False}])
+  result = s.run("train", "configs/large.py", "gs://bucket/runs/x")
+  assert result.returncode == 0, result.stderr
+  copies = {c[-1] for c in s.calls() if c[:2] == ["storage", "cp"]}
+  assert copies == {"gs://bucket/runs/x/logs/host0.log", "gs://bucket/runs/x/logs/host1.log"}
