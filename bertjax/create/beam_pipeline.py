@@ -1,8 +1,11 @@
 """Pretraining data creation as an Apache Beam pipeline.
 
-The same map step as the local driver (`mapper.ShardMapper`) runs per input
-shard; a GroupByKey on the output shard replaces the local spill files, and
-each output shard is sorted by the same (key, origin) before it is written.
+The same steps as the local driver: input shards are read and their
+documents dealt into partitions (partition.read_shard), a GroupByKey on the
+partition and a sort by document key give each partition's documents in the
+same order, the same map step (`mapper.ShardMapper`) runs per partition, and
+a GroupByKey on the output shard replaces the local spill files; each output
+shard is sorted by the same (key, origin) before it is written.
 So the shards are byte-identical to those of `creation.create_pretraining_data`
 with the same inputs and settings, on any runner (DirectRunner in tests;
 Dataflow, Flink or Spark with `--runner=beam:DataflowRunner` and the usual
@@ -19,9 +22,12 @@ import json
 import os
 from typing import Optional, Sequence
 
+import numpy as np
+
 from bertjax.create import creation
 from bertjax.create import documents
 from bertjax.create import mapper
+from bertjax.create import partition
 from bertjax.create import records
 from bertjax.records import schema
 
@@ -44,17 +50,35 @@ def _makedirs(path: str) -> None:
 def _build(pipeline, shards, tokenizer_spec, config, output_dir):
   """Adds the creation transforms to `pipeline`."""
   import apache_beam as beam  # pylint: disable=g-import-not-at-top
+  num_parts = partition.num_partitions(shards, config.partition_bytes)
 
   @beam.typehints.with_output_types(tuple[int, tuple[bytes, bytes]])
-  class MapShard(beam.DoFn):
-    """One input shard -> (output shard, (sort key, record)) + its stats."""
+  class ReadShard(beam.DoFn):
+    """One input shard -> (partition, (document key, text)) + its stats."""
+
+    def process(self, shard):
+      report = collections.Counter()
+      for parts, keys, blob, lengths in partition.read_shard(
+          shard, config.random_seed, num_parts, report):
+        ends = np.cumsum(lengths).tolist()
+        for p, key, a, b in zip(parts.tolist(), keys.tolist(),
+                                [0] + ends[:-1], ends):
+          yield p, (key.ljust(partition.DOC_KEY.size, b"\0"), blob[a:b])
+      yield beam.pvalue.TaggedOutput("stats", {"report": dict(report)})
+
+  @beam.typehints.with_output_types(tuple[int, tuple[bytes, bytes]])
+  class MapPartition(beam.DoFn):
+    """A partition's documents -> (output shard, (sort key, record))."""
 
     def setup(self):
       self.mapper = mapper.ShardMapper(config, tokenizer_spec.load())
 
-    def process(self, shard):
+    def process(self, item):
+      part, entries = item
+      docs = (text.decode("utf-8").split("\n")
+              for _, text in sorted(entries, key=lambda e: e[0]))
       report = collections.Counter()
-      for out, key, data in self.mapper.map_shard(shard, report):
+      for out, key, data in self.mapper.map_records(part, docs, report):
         yield out, (key, data)
       inst, toks, plain = mapper.split_report(
           report, config.num_output_shards)
@@ -78,7 +102,8 @@ def _build(pipeline, shards, tokenizer_spec, config, output_dir):
     total = {"instances": [0] * S, "tokens": [0] * S, "report": {}}
     for st in stats_list:
       for k in ("instances", "tokens"):
-        total[k] = [a + b for a, b in zip(total[k], st[k])]
+        if k in st:
+          total[k] = [a + b for a, b in zip(total[k], st[k])]
       for k, v in st["report"].items():
         total["report"][k] = total["report"].get(k, 0) + v
     return total
@@ -88,15 +113,20 @@ def _build(pipeline, shards, tokenizer_spec, config, output_dir):
     with _open(path, "w") as f:
       f.write(json.dumps({"stats": stats, "written": dict(written)}))
 
-  mapped = (pipeline
-            | "InputShards" >> beam.Create(list(shards))
-            | "Reshuffle" >> beam.Reshuffle()
-            | "MapShards" >> beam.ParDo(MapShard()).with_outputs(
+  read = (pipeline
+          | "InputShards" >> beam.Create(list(shards))
+          | "Reshuffle" >> beam.Reshuffle()
+          | "ReadShards" >> beam.ParDo(ReadShard()).with_outputs(
+              "stats", main="documents"))
+  mapped = (read.documents
+            | "GroupByPartition" >> beam.GroupByKey()
+            | "MapPartitions" >> beam.ParDo(MapPartition()).with_outputs(
                 "stats", main="records"))
   written = (mapped.records
              | "GroupByShard" >> beam.GroupByKey()
              | "WriteShards" >> beam.Map(write_shard))
-  stats = mapped.stats | "MergeStats" >> beam.CombineGlobally(merge_stats)
+  stats = ((read.stats, mapped.stats) | "AllStats" >> beam.Flatten()
+           | "MergeStats" >> beam.CombineGlobally(merge_stats))
   _ = (stats
        | "WriteStats" >> beam.Map(write_stats,
                                   written=beam.pvalue.AsList(written)))
@@ -119,7 +149,7 @@ def run_beam(shards: Sequence[documents.InputShard],
   tokenizer = tokenizer_spec.load()
   existing = schema.read_metadata(output_dir)
   if existing is not None:
-    creation._check_same(  # pylint: disable=protected-access
+    creation.check_same(
         existing, creation.build_metadata(config, tokenizer, source, [], [],
                                           {}), output_dir)
     log(f"{output_dir}: complete already; nothing to do.")
