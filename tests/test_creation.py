@@ -105,7 +105,7 @@ def test_output_layout_and_metadata(setup):
   assert md.num_instances == sum(f["num_instances"] for f in md.files) > 300
   for f in md.files:
     path = os.path.join(out, f["name"])
-    assert records.check_index(path) == f["num_instances"]
+    assert data_utils.check_index(path) == f["num_instances"]
   # Bad input is counted, not dropped silently.
   assert md.report["invalid_utf8_lines_repaired"] == 1
   assert md.report["empty_input_files"] == 1

@@ -10,6 +10,7 @@ from bertjax.create import instance_batches
 from bertjax.create import record_batches
 from bertjax.create import records
 from bertjax.records import schema
+import data_utils
 
 tf = pytest.importorskip("tensorflow")
 
@@ -46,13 +47,13 @@ def test_encoder_bytes_equal_tensorflow_and_parse_identically(
   spec = _feature_spec(max_seq_length, max_pred)
   for inst in _random_instances(0, 50, max_seq_length, max_pred, vocab_size):
     data = enc.encode(*inst)
-    features = records.features_of(*inst, max_seq_length, max_pred)
-    reference = records.tf_example_bytes(features)
+    features = data_utils.features_of(*inst, max_seq_length, max_pred)
+    reference = data_utils.tf_example_bytes(features)
     assert data == reference
     parsed = tf.io.parse_single_example(data, spec)
     for name, values in features.items():
       np.testing.assert_array_equal(parsed[name].numpy(), np.asarray(values))
-    decoded = records.decode_example(data)
+    decoded = data_utils.decode_example(data)
     for name, values in features.items():
       np.testing.assert_array_equal(decoded[name], np.asarray(values))
 
@@ -108,7 +109,7 @@ def test_framing_matches_tf_record_writer(tmp_path):
   assert records.write_shard(ours, payloads) == len(payloads)
   with open(ref, "rb") as a, open(ours, "rb") as b:
     assert a.read() == b.read()
-  assert list(records.iter_records(ours)) == payloads
+  assert list(data_utils.iter_records(ours)) == payloads
   assert [r.numpy() for r in tf.data.TFRecordDataset(ours)] == payloads
 
 
@@ -123,8 +124,8 @@ def test_index_gives_record_offsets(tmp_path):
   assert os.path.getsize(records.index_path(path)) == 8 * 200
   with open(path, "rb") as f:
     for i in (0, 17, 199):
-      assert records.read_record_at(f, int(offsets[i])) == data[i]
-  assert records.check_index(path, 200) == 200
+      assert data_utils.read_record_at(f, int(offsets[i])) == data[i]
+  assert data_utils.check_index(path, 200) == 200
   assert not [n for n in os.listdir(tmp_path) if ".tmp" in n]
 
 
@@ -135,7 +136,7 @@ def test_corrupt_record_is_detected(tmp_path):
     f.seek(14)
     f.write(b"J")
   with pytest.raises(ValueError, match="crc mismatch"):
-    list(records.iter_records(path))
+    list(data_utils.iter_records(path))
 
 
 def test_empty_shard(tmp_path):

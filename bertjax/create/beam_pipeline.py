@@ -47,10 +47,9 @@ def _makedirs(path: str) -> None:
     os.makedirs(path, exist_ok=True)
 
 
-def _build(pipeline, shards, tokenizer_spec, config, output_dir):
-  """Adds the creation transforms to `pipeline`."""
+def _dofns(config, tokenizer_spec, num_parts):
+  """The (ReadShard, MapPartition) DoFn classes of a run."""
   import apache_beam as beam  # pylint: disable=g-import-not-at-top
-  num_parts = partition.num_partitions(shards, config.partition_bytes)
 
   @beam.typehints.with_output_types(tuple[int, tuple[bytes, bytes]])
   class ReadShard(beam.DoFn):
@@ -85,51 +84,65 @@ def _build(pipeline, shards, tokenizer_spec, config, output_dir):
       yield beam.pvalue.TaggedOutput("stats", {
           "instances": inst, "tokens": toks, "report": plain})
 
-  def write_shard(item):
-    shard_index, entries = item
-    entries = sorted(entries, key=lambda e: e[0])
-    path = os.path.join(
-        output_dir, records.shard_name(shard_index, config.num_output_shards))
-    data, index = records.shard_bytes(e[1] for e in entries)
-    with _open(path + records.INDEX_SUFFIX, "wb") as f:
-      f.write(index)
-    with _open(path, "wb") as f:
-      f.write(data)
-    return shard_index, len(entries)
+  return ReadShard, MapPartition
 
-  def merge_stats(stats_list):
-    S = config.num_output_shards
-    total = {"instances": [0] * S, "tokens": [0] * S, "report": {}}
-    for st in stats_list:
-      for k in ("instances", "tokens"):
-        if k in st:
-          total[k] = [a + b for a, b in zip(total[k], st[k])]
-      for k, v in st["report"].items():
-        total["report"][k] = total["report"].get(k, 0) + v
-    return total
 
-  def write_stats(stats, written):
-    path = os.path.join(output_dir, creation.WORK_DIR, "beam_stats.json")
-    with _open(path, "w") as f:
-      f.write(json.dumps({"stats": stats, "written": dict(written)}))
+def _write_shard(item, output_dir, num_shards):
+  """Writes one output shard's records, sorted by key, and its index."""
+  shard_index, entries = item
+  entries = sorted(entries, key=lambda e: e[0])
+  path = os.path.join(output_dir, records.shard_name(shard_index, num_shards))
+  data, index = records.shard_bytes(e[1] for e in entries)
+  with _open(path + records.INDEX_SUFFIX, "wb") as f:
+    f.write(index)
+  with _open(path, "wb") as f:
+    f.write(data)
+  return shard_index, len(entries)
 
+
+def _merge_stats(stats_list, num_shards):
+  total = {"instances": [0] * num_shards, "tokens": [0] * num_shards,
+           "report": {}}
+  for st in stats_list:
+    for k in ("instances", "tokens"):
+      if k in st:
+        total[k] = [a + b for a, b in zip(total[k], st[k])]
+    for k, v in st["report"].items():
+      total["report"][k] = total["report"].get(k, 0) + v
+  return total
+
+
+def _write_stats(stats, written, output_dir):
+  path = os.path.join(output_dir, creation.WORK_DIR, "beam_stats.json")
+  with _open(path, "w") as f:
+    f.write(json.dumps({"stats": stats, "written": dict(written)}))
+
+
+def _build(pipeline, shards, tokenizer_spec, config, output_dir):
+  """Adds the creation transforms to `pipeline`."""
+  import apache_beam as beam  # pylint: disable=g-import-not-at-top
+  S = config.num_output_shards
+  read_shard, map_partition = _dofns(
+      config, tokenizer_spec,
+      partition.num_partitions(shards, config.partition_bytes))
   read = (pipeline
           | "InputShards" >> beam.Create(list(shards))
           | "Reshuffle" >> beam.Reshuffle()
-          | "ReadShards" >> beam.ParDo(ReadShard()).with_outputs(
+          | "ReadShards" >> beam.ParDo(read_shard()).with_outputs(
               "stats", main="documents"))
   mapped = (read.documents
             | "GroupByPartition" >> beam.GroupByKey()
-            | "MapPartitions" >> beam.ParDo(MapPartition()).with_outputs(
+            | "MapPartitions" >> beam.ParDo(map_partition()).with_outputs(
                 "stats", main="records"))
   written = (mapped.records
              | "GroupByShard" >> beam.GroupByKey()
-             | "WriteShards" >> beam.Map(write_shard))
+             | "WriteShards" >> beam.Map(_write_shard, output_dir, S))
   stats = ((read.stats, mapped.stats) | "AllStats" >> beam.Flatten()
-           | "MergeStats" >> beam.CombineGlobally(merge_stats))
+           | "MergeStats" >> beam.CombineGlobally(_merge_stats, S))
   _ = (stats
-       | "WriteStats" >> beam.Map(write_stats,
-                                  written=beam.pvalue.AsList(written)))
+       | "WriteStats" >> beam.Map(_write_stats,
+                                  written=beam.pvalue.AsList(written),
+                                  output_dir=output_dir))
 
 
 def run_beam(shards: Sequence[documents.InputShard],

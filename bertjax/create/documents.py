@@ -80,6 +80,30 @@ def list_input_shards(input_file: str, input_format: str = "sentences",
                        tfds_feature=tfds_feature,
                        tfds_part=(i, len(splits)))
             for i in range(len(splits))]
+  files = _list_files(input_file, input_format)
+  if split_bytes < 1:
+    raise ValueError(f"--split_bytes={split_bytes}: must be at least 1.")
+  sizes = [corpus.file_size(p) for p in files]
+  if input_format == "directory":
+    return [InputShard(n, input_format, tuple(files[i:i + files_per_shard]),
+                       sum(sizes[i:i + files_per_shard]), first_file=i)
+            for n, i in enumerate(range(0, len(files), files_per_shard))]
+  shards = []
+  for i, (path, size) in enumerate(zip(files, sizes)):
+    if size <= split_bytes or path.endswith(".gz"):
+      ranges = [()]
+    else:
+      ranges = [(a, min(a + split_bytes, size))
+                for a in range(0, size, split_bytes)]
+    for r in ranges:
+      shards.append(InputShard(len(shards), input_format, (path,),
+                               r[1] - r[0] if r else size, first_file=i,
+                               byte_range=r))
+  return shards
+
+
+def _list_files(input_file: str, input_format: str) -> list[str]:
+  """The files of `--input_file` (for "directory": under its directories)."""
   if not input_file:
     raise ValueError("--input_file is required (comma-separated file globs).")
   files = []
@@ -101,26 +125,7 @@ def list_input_shards(input_file: str, input_format: str = "sentences",
       if not corpus.is_readable(path):
         raise ValueError(f"--input_file: {path} is not readable.")
     files.extend(found)
-  files = list(dict.fromkeys(files))
-  if split_bytes < 1:
-    raise ValueError(f"--split_bytes={split_bytes}: must be at least 1.")
-  sizes = [corpus.file_size(p) for p in files]
-  if input_format == "directory":
-    return [InputShard(n, input_format, tuple(files[i:i + files_per_shard]),
-                       sum(sizes[i:i + files_per_shard]), first_file=i)
-            for n, i in enumerate(range(0, len(files), files_per_shard))]
-  shards = []
-  for i, (path, size) in enumerate(zip(files, sizes)):
-    if size <= split_bytes or path.endswith(".gz"):
-      ranges = [()]
-    else:
-      ranges = [(a, min(a + split_bytes, size))
-                for a in range(0, size, split_bytes)]
-    for r in ranges:
-      shards.append(InputShard(len(shards), input_format, (path,),
-                               r[1] - r[0] if r else size, first_file=i,
-                               byte_range=r))
-  return shards
+  return list(dict.fromkeys(files))
 
 
 def describe_source(input_format: str, input_file: str = "",
