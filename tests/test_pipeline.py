@@ -282,7 +282,7 @@ def test_reads_shards_written_by_records(tmp_path):
                              max_predictions_per_seq=P, seed=0, process_index=0,
                              process_count=1)
   batch = next(src.iterate(0))
-  want = {records.decode_example(d)["input_ids"].tobytes() for d in data}
+  want = {data_utils.decode_example(d)["input_ids"].tobytes() for d in data}
   assert {row.astype(np.int64).tobytes() for row in batch["input_ids"]} == want
 
 

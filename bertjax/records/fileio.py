@@ -139,6 +139,13 @@ def open_binary(path: str, mode: str = "rb") -> IO[bytes]:
   return open(path, mode)  # pylint: disable=consider-using-with
 
 
+def open_text(path: str, mode: str = "r") -> IO[str]:
+  """A UTF-8 text file object ("r" or "w"; not atomic), local or remote."""
+  if is_remote(path):
+    return _gfile(path).GFile(path, mode)
+  return open(path, mode, encoding="utf-8")  # pylint: disable=consider-using-with
+
+
 def open_read(path: str) -> IO[bytes]:
   """A binary reader, decompressing names that end in `.gz`."""
   raw = open_binary(path)
