@@ -147,3 +147,27 @@ def test_empty_shard(tmp_path):
   path = str(tmp_path / "e.tfrecord")
   assert records.write_shard(path, []) == 0
   assert os.path.getsize(path) == 0 and len(data_utils.read_index(path)) == 0
+
+
+def test_scan_finds_the_next_intact_frame_after_inserted_garbage(tmp_path):
+  payloads = [os.urandom(n) for n in (50, 0, 300, 7, 1000)]
+  frames = [records.frame(p) for p in payloads]
+  garbage = b"\x00" * 40 + os.urandom(200)
+  path = str(tmp_path / "g.tfrecord")
+  with open(path, "wb") as f:
+    f.write(b"".join(frames[:3]) + garbage + b"".join(frames[3:]))
+  at = sum(len(fr) for fr in frames[:3])
+  with pytest.raises(tfrecord.CorruptRecordError, match=f"byte offset {at}: the length's CRC"):
+    tfrecord.load_index(path)
+  index = tfrecord.load_index(path, skip_corrupt=True)
+  assert index.dropped == 1 and len(index) == 5
+  got = tfrecord.RecordReader([path]).read(np.zeros(5, np.int64), index.offsets,
+                                           index.lengths)
+  assert got == payloads
+  # Not a TFRecord file at all: an error at offset 0, without a search.
+  text = str(tmp_path / "t.tfrecord")
+  with open(text, "w") as f:
+    f.write("plain text, " * 100_000)
+  with pytest.raises(tfrecord.CorruptRecordError, match="byte offset 0: "):
+    tfrecord.load_index(text)
+  assert len(tfrecord.load_index(text, skip_corrupt=True)) == 0

@@ -164,8 +164,8 @@ class HostBatches:
     self.last_step: Optional[int] = None
 
   def stats(self) -> dict[str, int]:
-    """skipped_records: records left out when indexing plus corrupt records
-    skipped in delivered batches (weight-0 rows, once per read);
+    """skipped_records: broken frames left out when indexing plus corrupt
+    records skipped in delivered batches (weight-0 rows, once per read);
     read_retries: further tries of reads after transient I/O errors."""
     return {"skipped_records": self._records.dropped + self.corrupt_skipped,
             "read_retries": self._records.reader.retries}

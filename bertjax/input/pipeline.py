@@ -284,9 +284,10 @@ class TrainSource:
 
   def stats(self) -> dict[str, int]:
     """Counts for this process since the source was made, each summable over
-    hosts: skipped_records (unreadable records left out when indexing, plus
-    corrupt records read as weight-0 rows, once per read; skip_corrupt only)
-    and read_retries (further tries of reads after transient I/O errors)."""
+    hosts: skipped_records (with skip_corrupt: broken frames left out when
+    indexing, each one record or, where no intact frame follows, the rest of
+    its file; plus corrupt records read as weight-0 rows, once per read) and
+    read_retries (further tries of reads after transient I/O errors)."""
     return self._batches.stats()
 
 

@@ -200,7 +200,8 @@ def _scan(path: str, size: int, skip_corrupt: bool) -> FileIndex:
         lengths.append(length)
         pos += FRAME_OVERHEAD + length
         continue
-      bad, resume, reason = _skip_broken(window, size, offsets, lengths, pos, reason)
+      bad, resume, reason = _skip_broken(window, size, offsets, lengths, pos, reason,
+                                         skip_corrupt)
       if not skip_corrupt:
         raise CorruptRecordError(path, bad, f"{reason} (after {len(offsets)} good "
                                  "records)", _CORRUPT_HINT)
@@ -215,30 +216,35 @@ def _scan(path: str, size: int, skip_corrupt: bool) -> FileIndex:
 
 
 def _skip_broken(window: _Window, size: int, offsets: list, lengths: list,
-                 pos: int, reason: str) -> tuple[int, Optional[int], str]:
+                 pos: int, reason: str, skip_corrupt: bool
+                 ) -> tuple[int, Optional[int], str]:
   """(offset of the broken frame, where the next intact frame starts or None,
   why) when no sound frame starts at `pos`.
 
-  Either the frame at `pos` is broken, or the frame before it was cut short
-  (its stated length runs over the start of the next frame). The next intact
-  frame is searched for from just after the previous frame's header: if it
-  starts before `pos`, the previous frame was cut short and is dropped from
-  `offsets` and `lengths`.
+  Either the frame at `pos` is broken, or the frame before it was cut short:
+  its stated length runs over the start of the next frame, which then lies
+  between the previous frame's header and `pos`. In that case the previous
+  frame is dropped from `offsets` and `lengths`. The search past `pos` for
+  the next intact frame is made only with skip_corrupt.
   """
-  prev = offsets[-1] if offsets else None
-  found = _next_frame(window, size, pos + 1 if prev is None else prev + HEADER_BYTES)
-  if prev is not None and found is not None and found < pos:
-    offsets.pop()
-    lengths.pop()
-    return prev, found, (f"the frame was cut short: the next intact frame starts "
-                         f"at byte offset {found}, {pos - found} bytes before this "
-                         "frame's stated end (truncated record)")
-  return pos, found, reason
+  if offsets:
+    prev = offsets[-1]
+    found = _next_frame(window, size, prev + HEADER_BYTES, end=pos)
+    if found is not None:
+      offsets.pop()
+      lengths.pop()
+      return prev, found, (f"the frame was cut short: the next intact frame "
+                           f"starts at byte offset {found}, {pos - found} bytes "
+                           "before this frame's stated end (truncated record)")
+  return pos, _next_frame(window, size, pos + 1) if skip_corrupt else None, reason
 
 
-def _next_frame(window: _Window, size: int, start: int) -> Optional[int]:
-  """The first offset >= start where an intact frame (both CRCs) begins."""
-  while start + FRAME_OVERHEAD <= size:
+def _next_frame(window: _Window, size: int, start: int,
+                end: Optional[int] = None) -> Optional[int]:
+  """The first offset in [start, end) where an intact frame (both CRCs)
+  begins; `end` defaults to the end of the file."""
+  end = size if end is None else min(end, size)
+  while start < end and start + FRAME_OVERHEAD <= size:
     chunk = window.read(start, min(_SEARCH_WINDOW_BYTES, size - start))
     if len(chunk) < HEADER_BYTES:
       return None
@@ -247,6 +253,8 @@ def _next_frame(window: _Window, size: int, start: int) -> Optional[int]:
     stated = np.ascontiguousarray(stated).view("<u8")[:, 0]
     room = size - (start + np.arange(len(stated))) - FRAME_OVERHEAD
     for rel in np.flatnonzero(stated.astype(np.float64) <= room).tolist():
+      if start + rel >= end:
+        return None
       if _is_intact(window, start + rel, int(stated[rel])):
         return start + rel
     start += len(stated)
