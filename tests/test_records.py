@@ -164,6 +164,8 @@ def test_scan_finds_the_next_intact_frame_after_inserted_garbage(tmp_path):
   got = tfrecord.RecordReader([path]).read(np.zeros(5, np.int64), index.offsets,
                                            index.lengths)
   assert got == payloads
+  with pytest.raises(tfrecord.CorruptRecordError):  # Not from the skipping cache.
+    tfrecord.load_index(path)
   # Not a TFRecord file at all: an error at offset 0, without a search.
   text = str(tmp_path / "t.tfrecord")
   with open(text, "w") as f:

@@ -81,7 +81,8 @@ class FileIndex:
     return len(self.offsets)
 
 
-_CACHE: dict[tuple[str, int, int], FileIndex] = {}
+# (path, size, mtime, skip_corrupt) -> index.
+_CACHE: dict[tuple[str, int, int, bool], FileIndex] = {}
 _CACHE_LOCK = threading.Lock()
 
 
@@ -97,7 +98,7 @@ def load_index(path: str, *, skip_corrupt: bool = False,
   """
   size, mtime = fileio.retry(lambda: fileio.stat(path), f"stat of {path}",
                              on_retry=on_retry)
-  key = (path, size, mtime)
+  key = (path, size, mtime, skip_corrupt)
   with _CACHE_LOCK:
     if key in _CACHE:
       return _CACHE[key]
