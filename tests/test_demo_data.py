@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from bertjax.create import demo
-from bertjax.create import records
 from bertjax.create import tasks
 from bertjax.records import schema
 import data_utils

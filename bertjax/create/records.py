@@ -20,6 +20,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from bertjax.records import fileio
 from bertjax.records import tfrecord
 
 INDEX_SUFFIX = ".index"
@@ -143,7 +144,7 @@ def write_shard(path: str, records: Iterable[bytes]) -> int:
   the shard last, so an existing shard file is always complete and has its
   index. Local paths only (the Beam writer handles remote ones).
   """
-  tmp = f"{path}.tmp-{os.getpid()}"
+  tmp = fileio.temporary_path(path)
   offsets = []
   pos = 0
   with open(tmp, "wb") as f:
@@ -171,7 +172,7 @@ class FramedShardWriter:
   def __init__(self, path: str):
     self.path = path
     self.count = 0
-    self._tmp = f"{path}.tmp-{os.getpid()}"
+    self._tmp = fileio.temporary_path(path)
     self._pos = 0
 
   def __enter__(self) -> "FramedShardWriter":
@@ -208,8 +209,3 @@ def shard_bytes(records: Iterable[bytes]) -> tuple[bytes, bytes]:
     parts.append(rec)
     pos += len(rec)
   return b"".join(parts), np.asarray(offsets, dtype="<i8").tobytes()
-
-
-def read_index(shard_path: str) -> np.ndarray:
-  """The record offsets of a shard from its `.index` file."""
-  return np.fromfile(index_path(shard_path), dtype="<i8")
