@@ -14,10 +14,7 @@ corpus, vocab and flags, each pair in turn:
   as PyPI's bert-tensorflow package ships it, run in this process (imports
   not timed) with the same flags;
 * bertjax with one worker process and the tokenizer on one thread (per-core
-  figures), and with --workers processes;
-* bertjax with one process and the plain Example encoder
-  (records.ExampleEncoder, a record at a time) in place of the numpy frame
-  encoder (record_batches.FrameEncoder), to show what the latter buys.
+  figures), and with --workers processes.
 
 Prints every run, then per configuration the median and range of
 instances/s and of its ratio to the original's run of the same pair.
@@ -38,13 +35,9 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-
 from bertjax.benchmarks import corpus as corpus_lib
 from bertjax.create import creation
 from bertjax.create import documents
-from bertjax.create import record_batches
-from bertjax.create import records
 
 
 # --- The original. -----------------------------------------------------------
@@ -75,36 +68,15 @@ def run_original(input_file, vocab_file, output_file, max_seq_length,
 
 # --- bertjax. ----------------------------------------------------------------
 
-def _plain_encode(self, batch) -> record_batches.FramedBatch:
-  """FrameEncoder.encode done a record at a time by records.ExampleEncoder."""
-  data = []
-  for i in range(len(batch)):
-    n, k = int(batch.lengths_B[i]), int(batch.num_predictions_B[i])
-    data.append(records.frame(self.encoder.encode(
-        batch.input_ids_BxL[i, :n].tolist(), int(batch.num_a_B[i]),
-        batch.masked_lm_positions_BxP[i, :k].tolist(),
-        batch.masked_lm_ids_BxP[i, :k].tolist(),
-        bool(batch.is_random_next_B[i]))))
-  return record_batches.FramedBatch(b"".join(data),
-                                    np.fromiter(map(len, data), np.int64))
-
-
-def run_bertjax(corpus, vocab, config, out, workers, plain_encoder=False):
+def run_bertjax(corpus, vocab, config, out, workers):
   """Runs bertjax; returns (seconds, instances)."""
   shutil.rmtree(out, ignore_errors=True)
-  real = record_batches.FrameEncoder.encode
-  if plain_encoder:
-    assert workers == 1  # The replacement holds in this process only.
-    record_batches.FrameEncoder.encode = _plain_encode
-  try:
-    start = time.time()
-    md = creation.create_pretraining_data(
-        documents.list_input_shards(corpus),
-        creation.TokenizerSpec("wordpiece", vocab, True), config, out,
-        num_workers=workers, show_progress=False, log=lambda *a: None)
-    return time.time() - start, md.num_instances
-  finally:
-    record_batches.FrameEncoder.encode = real
+  start = time.time()
+  md = creation.create_pretraining_data(
+      documents.list_input_shards(corpus),
+      creation.TokenizerSpec("wordpiece", vocab, True), config, out,
+      num_workers=workers, show_progress=False, log=lambda *a: None)
+  return time.time() - start, md.num_instances
 
 
 # --- The benchmark. ----------------------------------------------------------
@@ -134,12 +106,11 @@ def speed(args, tmp, corpus, vocab):
       max_seq_length=args.max_seq_length,
       max_predictions_per_seq=args.max_predictions_per_seq,
       dupe_factor=args.dupe_factor, num_output_shards=8)
-  runs = [("bertjax, 1 process", 1, False),
-          ("bertjax, 1 process, plain encoder", 1, True)]
+  runs = [("bertjax, 1 process", 1)]
   if args.workers > 1:
-    runs.append((f"bertjax, {args.workers} processes", args.workers, False))
-  rates = {name: [] for name, _, _ in runs}
-  ratios = {name: [] for name, _, _ in runs}
+    runs.append((f"bertjax, {args.workers} processes", args.workers))
+  rates = {name: [] for name, _ in runs}
+  ratios = {name: [] for name, _ in runs}
   original = []
   for r in range(args.repeat):
     ref = None
@@ -151,9 +122,9 @@ def speed(args, tmp, corpus, vocab):
       original.append(ref)
       print(f"pair {r}: original {seconds:8.1f} s {ref:10,.0f} inst/s",
             flush=True)
-    for name, workers, plain in runs:
+    for name, workers in runs:
       seconds, count = run_bertjax(corpus, vocab, config,
-                                   os.path.join(tmp, "out"), workers, plain)
+                                   os.path.join(tmp, "out"), workers)
       rates[name].append(count / seconds)
       if ref:
         ratios[name].append(count / seconds / ref)
@@ -162,7 +133,7 @@ def speed(args, tmp, corpus, vocab):
             flush=True)
   if original:
     _summary("original create_pretraining_data", original, [])
-  for name, _, _ in runs:
+  for name, _ in runs:
     _summary(name, rates[name], ratios[name])
 
 

@@ -3,7 +3,7 @@
 instances.instance_spans gives each instance as token ranges of its
 documents; `assemble_pairs` builds the [CLS] A [SEP] B [SEP] rows of a batch
 of them and `mask_arrays` masks the rows (the 80/10/10 replacement of the
-original, drawn per batch). record_batches.FrameEncoder serialises
+original, drawn per batch); records.ExampleEncoder serialises the rows of
 the resulting `MaskedBatch`. Whole-word masking takes the scalar path
 (instances.create_instances_from_document) instead.
 """
@@ -69,6 +69,17 @@ class MaskedBatch:
     """The batch of the given rows, in that order."""
     return MaskedBatch(*(getattr(self, f.name)[rows]
                          for f in dataclasses.fields(self)))
+
+  def rows(self) -> list[tuple[list[int], int, list[int], list[int], bool]]:
+    """Per row (input ids, num_a, positions, labels, is_random_next), unpadded,
+    as records.ExampleEncoder.encode takes them."""
+    ids, pos, labels = (self.input_ids_BxL.tolist(),
+                        self.masked_lm_positions_BxP.tolist(),
+                        self.masked_lm_ids_BxP.tolist())
+    return [(ids[i][:n], a, pos[i][:k], labels[i][:k], r) for i, (n, a, k, r)
+            in enumerate(zip(self.lengths_B.tolist(), self.num_a_B.tolist(),
+                             self.num_predictions_B.tolist(),
+                             self.is_random_next_B.tolist()))]
 
 
 def mask_arrays(ids: np.ndarray, lengths: np.ndarray, num_a: np.ndarray,

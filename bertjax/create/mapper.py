@@ -30,7 +30,6 @@ import numpy as np
 from bertjax.create import documents
 from bertjax.create import instance_batches
 from bertjax.create import instances as instances_lib
-from bertjax.create import record_batches
 from bertjax.create import records
 
 # Sort key of a record: random key, then its origin (partition, chunk, dupe
@@ -162,7 +161,8 @@ class RecordBatch:
   """Framed records of a batch of instances, grouped by output shard."""
   shards: np.ndarray  # Output shard per row, ascending.
   keys: np.ndarray  # SORT_KEY bytes per row (numpy "S24").
-  frames: record_batches.FramedBatch  # The rows' TFRecord frames.
+  frames: bytes  # The rows' TFRecord frames, back to back.
+  lengths: np.ndarray  # Bytes of each frame.
 
   def __len__(self) -> int:
     return len(self.keys)
@@ -182,7 +182,6 @@ class ShardMapper:
     self.encoder = records.ExampleEncoder(
         config.max_seq_length, config.max_predictions_per_seq,
         tokenizer.vocab_size)
-    self._frames = record_batches.FrameEncoder(self.encoder)
     ids = tokenizer.special_ids
     self._special_array = np.asarray(
         sorted({ids["cls"], ids["sep"], ids["mask"], ids["pad"]}), np.int32)
@@ -211,11 +210,12 @@ class ShardMapper:
                   ) -> Iterator[tuple[int, bytes, bytes]]:
     """Yields (output shard, SORT_KEY bytes, Example bytes) per instance."""
     for batch in self.map_partition(partition, docs, report):
-      keys = batch.keys.tobytes()
-      w = SORT_KEY.size
-      for i, (out, data) in enumerate(zip(batch.shards.tolist(),
-                                          batch.frames.records())):
-        yield out, keys[i * w:(i + 1) * w], data
+      keys, w = batch.keys.tobytes(), SORT_KEY.size
+      ends = np.cumsum(batch.lengths).tolist()
+      for i, (out, end) in enumerate(zip(batch.shards.tolist(), ends)):
+        start = end - int(batch.lengths[i])
+        yield out, keys[i * w:(i + 1) * w], batch.frames[
+            start + records.FRAME_HEADER:end - records.FRAME_FOOTER]
 
   def _tokenize(self, docs: list[list[str]], report) -> "TokenizedChunk":
     """Tokenizes a chunk's documents; drops empty sentences and documents."""
@@ -255,14 +255,14 @@ class ShardMapper:
         # Rows grouped by output shard, in their order within each shard.
         out_B = (key_B % np.uint64(c.num_output_shards)).astype(np.int64)
         order = np.argsort(out_B, kind="stable")
-        frames, lengths = self._encode(part, order, chunk, rng)
+        frames, frame_lengths, lengths = self._encode(part, order, chunk, rng)
         sort_keys = np.empty(len(part), _SORT_FIELDS)
         sort_keys["key"] = key_B[order]
         sort_keys["partition"], sort_keys["chunk"] = partition, chunk_index
         sort_keys["dupe"], sort_keys["index"] = dupe, start + order
         _count(report, out_B[order], lengths, c.num_output_shards)
         yield RecordBatch(out_B[order], sort_keys.view(f"S{SORT_KEY.size}"),
-                          frames)
+                          frames, frame_lengths)
 
   def _pass_instances(self, chunk, rng):
     """One dupe pass's instances: span rows (7 columns, instance_spans), or
@@ -283,22 +283,23 @@ class ShardMapper:
     return np.asarray(spans, np.int64).reshape(-1, 7)
 
   def _encode(self, part, order, chunk, rng):
-    """(frames, token counts) of a batch of instances, rows in `order`."""
+    """(frames, frame lengths, token counts) of a batch of instances, rows
+    in `order`."""
     c = self.config
     if c.whole_word_mask:
       part = [part[i] for i in order.tolist()]
-      data = [records.frame(self.encoder.encode_instance(inst))
-              for inst in part]
-      frames = record_batches.FramedBatch(
-          b"".join(data), np.fromiter(map(len, data), np.int64, len(data)))
-      return frames, np.fromiter((len(i.input_ids) for i in part), np.int64,
-                                 len(part))
-    batch = instance_batches.mask_arrays(
-        *instance_batches.assemble_pairs(part, chunk.tokens, chunk.doc_starts,
-                                         c.max_seq_length, self.vocab),
-        c.masked_lm_prob, c.max_predictions_per_seq, self.vocab,
-        rng.generator).take(order)
-    return self._frames.encode(batch), batch.lengths_B
+      rows = [(i.input_ids, i.num_a, i.masked_lm_positions, i.masked_lm_ids,
+               i.is_random_next) for i in part]
+    else:
+      batch = instance_batches.mask_arrays(
+          *instance_batches.assemble_pairs(part, chunk.tokens, chunk.doc_starts,
+                                           c.max_seq_length, self.vocab),
+          c.masked_lm_prob, c.max_predictions_per_seq, self.vocab,
+          rng.generator).take(order)
+      rows = batch.rows()
+    data = [records.frame(self.encoder.encode(*row)) for row in rows]
+    return (b"".join(data), np.fromiter(map(len, data), np.int64, len(data)),
+            np.fromiter((len(row[0]) for row in rows), np.int64, len(rows)))
 
 
 def _count(report, out_B, lengths_B, num_shards) -> None:

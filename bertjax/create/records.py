@@ -126,6 +126,10 @@ def _masked_crc(data: bytes) -> bytes:
   return struct.pack("<I", tfrecord.masked_crc32c(data))
 
 
+FRAME_HEADER = 12  # uint64 length and the masked crc32c of it.
+FRAME_FOOTER = 4  # The masked crc32c of the data.
+
+
 def frame_header(length: int) -> bytes:
   """A TFRecord's first 12 bytes: the data's length and its masked crc32c."""
   packed = struct.pack("<Q", length)

@@ -102,8 +102,7 @@ def map_task(part: int, work_dir: str, read_indices: Sequence[int]
   writer = spills.SpillWriter(_fresh_dir(task_dir(work_dir, "map", part)), S,
                               mapper.SORT_KEY.size, config.spill_bytes)
   for batch in shard_mapper.map_partition(part, docs, report):
-    writer.add(batch.shards, batch.keys, batch.frames.blob,
-               batch.frames.lengths)
+    writer.add(batch.shards, batch.keys, batch.frames, batch.lengths)
   writer.flush()
   inst, toks, plain = mapper.split_report(report, S)
   return _finish(work_dir, "map", part, {
