@@ -2,7 +2,6 @@
 bert-tensorflow): the same tokens, records each side reads, the same
 statistics from create_pretraining_data.py on the same corpus and vocab."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -10,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from bertjax.create import creation
 from bertjax.create import demo
@@ -19,17 +19,6 @@ from bertjax.records import schema
 from bertjax.text import vocab as vocab_lib
 
 
-def _have_original():
-  try:
-    return importlib.util.find_spec("bert.create_pretraining_data") is not None
-  except ImportError:
-    return False
-
-
-pytestmark = pytest.mark.skipif(
-    not _have_original(), reason="the original release (bert-tensorflow) is "
-    "not installed")
-tf = pytest.importorskip("tensorflow")
 
 HELPER = os.path.join(os.path.dirname(__file__), "original_release.py")
 L, P, DUPE = 128, 20, 10
