@@ -41,7 +41,6 @@ are split in both variants (tokenization.py).
 """
 
 import functools
-import itertools
 import re
 import sys
 from typing import Sequence
@@ -76,14 +75,15 @@ def check_compat(compat: str) -> str:
 @functools.lru_cache(maxsize=None)
 def _category_runs() -> tuple[tuple[str, int, int], ...]:
   """(category, first, last) for each run of code points of one category."""
-  cats = map(unicodedata.category, map(chr, range(sys.maxunicode + 1)))
-  runs = []
-  for cat, group in itertools.groupby(enumerate(cats), key=lambda x: x[1]):
-    first = last = next(group)[0]
-    for last, _ in group:
-      pass
-    runs.append((cat, first, last))
-  return tuple(runs)
+  names = sorted({unicodedata.category(chr(cp)) for cp in range(0x10000)}
+                 | {"Cn", "Co", "Cs"})
+  letter = {name: chr(65 + i) for i, name in enumerate(names)}
+  # One letter per code point (all in C), then its runs by regex.
+  cats = "".join(map(letter.__getitem__, map(
+      unicodedata.category, map(chr, range(sys.maxunicode + 1)))))
+  name = {v: k for k, v in letter.items()}
+  return tuple((name[m.group()[0]], m.start(), m.end() - 1)
+               for m in re.finditer(r"(.)\1*", cats, re.DOTALL))
 
 
 def _merge(ranges) -> Ranges:
@@ -110,7 +110,7 @@ def _without(ranges: Ranges, code_points) -> Ranges:
 
 
 @functools.lru_cache(maxsize=None)
-def dropped_ranges(compat: str) -> Ranges:
+def _dropped_ranges(compat: str) -> Ranges:
   """What cleaning drops: NUL, U+FFFD and control characters."""
   kept = ("Cc", "Cf") if compat == "original" else ("Cc", "Cf", "Cn", "Co",
                                                     "Cs")
@@ -124,7 +124,7 @@ def _category_ranges(prefix: str) -> Ranges:
                 if cat.startswith(prefix))
 
 
-def isolated_ranges() -> Ranges:
+def _isolated_ranges() -> Ranges:
   """Punctuation and CJK ideographs: each character is a word of its own."""
   return _merge(_category_ranges("P") + _ASCII_PUNCTUATION + _CJK_RANGES)
 
@@ -145,7 +145,7 @@ def _python_class(ranges: Ranges) -> re.Pattern:
 
 @functools.lru_cache(maxsize=None)
 def _dropped_pattern(compat: str) -> re.Pattern:
-  return _python_class(dropped_ranges(compat))
+  return _python_class(_dropped_ranges(compat))
 
 
 class BasicTokenizer:
@@ -163,7 +163,7 @@ class BasicTokenizer:
   @property
   def normalizer(self) -> normalizers.Normalizer:
     steps = [normalizers.Replace(
-        Regex(_onig_class(dropped_ranges(self.compat))), "")]
+        Regex(_onig_class(_dropped_ranges(self.compat))), "")]
     if self.do_lower_case:  # prepare_batch lower-cased and decomposed.
       steps.append(normalizers.Replace(
           Regex(_onig_class(_category_ranges("Mn"))), ""))
@@ -173,7 +173,7 @@ class BasicTokenizer:
   def pre_tokenizer(self) -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.Sequence([
         pre_tokenizers.WhitespaceSplit(),
-        pre_tokenizers.Split(Regex(_onig_class(isolated_ranges())),
+        pre_tokenizers.Split(Regex(_onig_class(_isolated_ranges())),
                              behavior="isolated")])
 
   def prepare(self, text: str) -> str:
