@@ -112,9 +112,9 @@ def _without(ranges: Ranges, code_points) -> Ranges:
 @functools.lru_cache(maxsize=None)
 def _dropped_ranges(compat: str) -> Ranges:
   """What cleaning drops: NUL, U+FFFD and control characters."""
-  kept = ("Cc", "Cf") if compat == "original" else ("Cc", "Cf", "Cn", "Co",
-                                                    "Cs")
-  ranges = [(a, b) for cat, a, b in _category_runs() if cat in kept]
+  categories = ("Cc", "Cf") if compat == "original" else (
+      "Cc", "Cf", "Cn", "Co", "Cs")
+  ranges = [(a, b) for cat, a, b in _category_runs() if cat in categories]
   return _without(_merge(ranges + [(0xFFFD, 0xFFFD)]), _WHITESPACE_CONTROLS)
 
 
@@ -129,23 +129,22 @@ def _isolated_ranges() -> Ranges:
   return _merge(_category_ranges("P") + _ASCII_PUNCTUATION + _CJK_RANGES)
 
 
-def _onig_class(ranges: Ranges) -> str:
-  """A character class for `tokenizers.Regex` (Oniguruma syntax)."""
-  ranges = _without(ranges, range(_SURROGATES[0], _SURROGATES[1] + 1))
-  esc = lambda cp: f"\\x{{{cp:X}}}"
-  return "[" + "".join(esc(a) if a == b else f"{esc(a)}-{esc(b)}"
+def _char_class(ranges: Ranges, escape) -> str:
+  return "[" + "".join(escape(a) if a == b else f"{escape(a)}-{escape(b)}"
                        for a, b in ranges) + "]"
 
 
-def _python_class(ranges: Ranges) -> re.Pattern:
-  esc = lambda cp: f"\\U{cp:08x}"
-  return re.compile("[" + "".join(esc(a) if a == b else f"{esc(a)}-{esc(b)}"
-                                  for a, b in ranges) + "]")
+def _onig_class(ranges: Ranges) -> str:
+  """A character class for `tokenizers.Regex` (Oniguruma syntax)."""
+  ranges = _without(ranges, range(_SURROGATES[0], _SURROGATES[1] + 1))
+  return _char_class(ranges, lambda cp: f"\\x{{{cp:X}}}")
 
 
 @functools.lru_cache(maxsize=None)
 def _dropped_pattern(compat: str) -> re.Pattern:
-  return _python_class(_dropped_ranges(compat))
+  """_dropped_ranges as a Python regex."""
+  return re.compile(_char_class(_dropped_ranges(compat),
+                                lambda cp: f"\\U{cp:08x}"))
 
 
 class BasicTokenizer:
