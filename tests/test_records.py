@@ -5,13 +5,12 @@ import random
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from bertjax.create import records
 from bertjax.records import schema
 from bertjax.records import tfrecord
 import data_utils
-
-tf = pytest.importorskip("tensorflow")
 
 
 def _feature_spec(max_seq_length, max_predictions_per_seq):
