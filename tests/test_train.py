@@ -24,6 +24,8 @@ import jax_child
 from bertjax.convert.weights import load_weights
 from bertjax.train import loop
 from bertjax.train import run_config
+from bertjax.train import state as state_lib
+from bertjax.train import step as step_lib
 
 sys.path.insert(0, os.path.join(jax_child.REPO, "configs"))
 import base  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -266,9 +268,9 @@ def test_config_errors_name_the_field_before_anything_compiles(case, tmp_path, m
 
   def compiles(*args, **kwargs):
     raise AssertionError("the run started building its state before the config was checked")
-  monkeypatch.setattr(loop.state_lib, "abstract_train_state", compiles)
-  monkeypatch.setattr(loop.state_lib, "create_train_state", compiles)
-  monkeypatch.setattr(loop.step_lib, "jit_train_step", compiles)
+  monkeypatch.setattr(state_lib, "abstract_train_state", compiles)
+  monkeypatch.setattr(state_lib, "create_train_state", compiles)
+  monkeypatch.setattr(step_lib, "jit_train_step", compiles)
   with pytest.raises(run_config.ConfigError, match=message):
     loop.train_and_evaluate(tiny_config(overrides), str(tmp_path))
   assert not os.path.exists(tmp_path / "checkpoints")
@@ -291,7 +293,7 @@ def test_batch_must_split_over_data_parallel_devices():
 def test_init_from_a_path_without_weights_is_an_error_naming_the_flag(tmp_path, monkeypatch):
   def compiles(*args, **kwargs):
     raise AssertionError("the run initialised a state before reading init_from")
-  monkeypatch.setattr(loop.state_lib, "create_train_state", compiles)
+  monkeypatch.setattr(state_lib, "create_train_state", compiles)
   empty = tmp_path / "empty"
   empty.mkdir()
   with pytest.raises(ValueError, match=r"--config\.init_from=.*empty: neither a bertjax "

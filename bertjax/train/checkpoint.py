@@ -24,6 +24,22 @@ def _abstract(tree, shardings):
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
+class _Manager(ocp.CheckpointManager):
+  """A CheckpointManager that leaves JAX's preemption sync point to the loop.
+
+  The sync point must be asked with consecutive step numbers (see
+  preemption.py); orbax asks it too, when a save starts and, on process 0,
+  from its finalize thread with the step of a save that may be several steps
+  old, which would report a stale step when a preemption is announced and
+  could let the hosts pick different stopping steps. The loop saves
+  explicitly (force=True) at the step its PreemptionGuard picks.
+  """
+
+  def reached_preemption(self, step: int) -> bool:
+    del step
+    return False
+
+
 class Checkpointer:
   """Saves and restores the full training state in `directory`."""
 
@@ -31,7 +47,7 @@ class Checkpointer:
     self.directory = directory
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
-    self._manager = ocp.CheckpointManager(
+    self._manager = _Manager(
         directory, options=options, item_names=("params", "opt_state", "meta"))
 
   def latest_step(self) -> Optional[int]:
@@ -70,10 +86,6 @@ class Checkpointer:
                               opt_state=restored["opt_state"]["opt_state"],
                               step=restored["opt_state"]["step"])
     return new_state, dict(restored["meta"])
-
-  def reached_preemption(self, step: int) -> bool:
-    """True on every host once the platform has announced a preemption."""
-    return self._manager.reached_preemption(step)
 
   def wait(self):
     self._manager.wait_until_finished()
