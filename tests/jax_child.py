@@ -41,10 +41,16 @@ def child_env(devices: int, cache: str) -> dict[str, str]:
 
 
 def run(script: str, payload: Any, *, cache: str, devices: int = 1,
-        timeout: int = 400) -> tuple[Any, str]:
-  """Runs `python script JSON(payload)`; returns (its JSON result, its stderr)."""
+        timeout: int = 400, returncode: int = 0) -> tuple[Any, str]:
+  """Runs `python script JSON(payload)`; returns (its JSON result, its stderr).
+
+  The child must end with `returncode` (e.g. -9 for one that kills itself
+  with SIGKILL); the result is None when it printed none.
+  """
   env = dict(os.environ, **child_env(devices, cache))
   done = subprocess.run([sys.executable, script, json.dumps(payload)], env=env,
                         capture_output=True, text=True, timeout=timeout, check=False)
-  assert done.returncode == 0, f"{script} failed:\n{done.stderr[-6000:]}"
-  return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+  assert done.returncode == returncode, f"{script} ended with {done.returncode}:\n" \
+      f"{done.stderr[-6000:]}"
+  lines = done.stdout.strip().splitlines()
+  return (json.loads(lines[-1]) if lines else None), done.stderr

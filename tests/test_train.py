@@ -2,9 +2,10 @@
 
 Two phases (length 16, then 32) of 4 steps each. Runs go through child
 processes (this file, run as a script; see jax_child.py), which can take a
-SIGTERM, be handed a NaN batch, and report which data each phase read;
-losses come from the TensorBoard events that the run writes. Config errors
-are checked in this process, where nothing may compile.
+SIGTERM, be handed a NaN batch, be SIGKILLed while a checkpoint is being
+written or run out of file space in a save, and report which data each phase
+read; losses come from the TensorBoard events that the run writes. Config
+errors are checked in this process, where nothing may compile.
 """
 
 import glob
@@ -22,6 +23,7 @@ import pytest
 
 import jax_child
 from bertjax.convert.weights import load_weights
+from bertjax.train import checkpoint as ckpt_lib
 from bertjax.train import loop
 from bertjax.train import run_config
 from bertjax.train import state as state_lib
@@ -103,12 +105,15 @@ def _child(payload: dict) -> dict:
       return out
     loop.MetricLogger.log_train = log_then_signal
 
+  if payload.get("sigkill_in_save") or payload.get("file_limit_in_save"):
+    _hook_saves(payload.get("sigkill_in_save"), payload.get("file_limit_in_save"))
+
   result = {"error": None, "summary": None}
   try:
     result["summary"] = loop.train_and_evaluate(tiny_config(payload.get("config")), workdir,
                                                 weights_loader=load_weights)
-  except loop.NonFiniteError as e:
-    result["error"] = str(e)
+  except (loop.NonFiniteError, ckpt_lib.CheckpointSaveError, run_config.ConfigError) as e:
+    result["error"] = f"{type(e).__name__}: {e}"
   result["sources"] = sources
 
   # Every checkpoint left in the workdir: its meta, and its parameters'
@@ -128,9 +133,33 @@ def _child(payload: dict) -> dict:
   return result
 
 
-def run(tmp_path_factory, workdir, **payload):
+def _hook_saves(sigkill_step, file_limit):
+  """Faults in the checkpoint save of one step, once it has started writing.
+
+  sigkill_step: the process SIGKILLs itself while the (async) save of that
+  step is under way. file_limit [step, bytes]: from the save of that step on,
+  no file may grow past `bytes` (RLIMIT_FSIZE; writes past it fail with
+  EFBIG, as they fail with ENOSPC on a full disk).
+  """
+  import resource  # pylint: disable=g-import-not-at-top
+  save = ckpt_lib.Checkpointer.save
+
+  def faulty_save(self, state, meta, **kwargs):
+    step = int(jax.device_get(state.step))
+    if file_limit and step == file_limit[0]:
+      resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit[1], resource.RLIM_INFINITY))
+    out = save(self, state, meta, **kwargs)
+    if step == sigkill_step:
+      assert glob.glob(os.path.join(self.directory, f"{step}.orbax-checkpoint-tmp*"))
+      os.kill(os.getpid(), signal.SIGKILL)
+    return out
+  ckpt_lib.Checkpointer.save = faulty_save
+
+
+def run(tmp_path_factory, workdir, returncode=0, **payload):
   result, log = jax_child.run(os.path.abspath(__file__), dict(payload, workdir=str(workdir)),
-                              cache=jax_child.cache_dir(tmp_path_factory))
+                              cache=jax_child.cache_dir(tmp_path_factory),
+                              returncode=returncode)
   return result, log
 
 
@@ -202,17 +231,6 @@ def test_phase_switch_preemption_resume_and_rerun(tmp_path_factory):
   assert third["sources"] == []
   assert third["summary"] == second["summary"]
   assert events() == events_before
-
-
-def test_nonfinite_loss_stops_naming_the_step_and_is_never_checkpointed(tmp_path_factory):
-  workdir = tmp_path_factory.mktemp("nonfinite")
-  # Metrics are read only at phase ends and checkpoints, so the NaN of step 6
-  # is found when step 6 is about to be saved.
-  result, _ = run(tmp_path_factory, workdir, nan_at=6, config={"logging.every_steps": 100})
-  assert result["summary"] is None
-  assert "non-finite loss or gradient at step 6" in result["error"]
-  assert sorted(result["checkpoints"], key=int) == ["3", "4"]
-  assert all(c["finite"] for c in result["checkpoints"].values())
 
 
 def test_init_from_checkpoint_or_hugging_face_directory_starts_at_step_zero(

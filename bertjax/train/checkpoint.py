@@ -8,6 +8,7 @@ temporary name and renames it when complete, so an interrupted save is never
 picked up.
 """
 
+import contextlib
 import os
 from typing import Any, Optional
 
@@ -40,8 +41,18 @@ class _Manager(ocp.CheckpointManager):
     return False
 
 
+class CheckpointSaveError(OSError):
+  """A checkpoint could not be written; the ones before it are intact."""
+
+
 class Checkpointer:
-  """Saves and restores the full training state in `directory`."""
+  """Saves and restores the full training state in `directory`.
+
+  A save that fails (a full disk, a path that cannot be written) raises
+  CheckpointSaveError, with an async save at the next save, wait or close.
+  Orbax renames a checkpoint into place only when all of it is written, so
+  the failed step is never resumed from and the previous ones stay intact.
+  """
 
   def __init__(self, directory: str, *, keep: int, async_save: bool):
     self.directory = directory
@@ -49,6 +60,7 @@ class Checkpointer:
         max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
     self._manager = _Manager(
         directory, options=options, item_names=("params", "opt_state", "meta"))
+    self._saving: Optional[int] = None  # The step of the save last started.
 
   def latest_step(self) -> Optional[int]:
     return self._manager.latest_step()
@@ -63,10 +75,30 @@ class Checkpointer:
     if step in self._manager.all_steps():
       return False
     meta = dict(meta, step=step)
-    return self._manager.save(step, args=ocp.args.Composite(
+    args = ocp.args.Composite(
         params=ocp.args.StandardSave(state.params),
         opt_state=ocp.args.StandardSave({"opt_state": state.opt_state, "step": state.step}),
-        meta=ocp.args.JsonSave(meta)), force=force)
+        meta=ocp.args.JsonSave(meta))
+    with self._save_errors(step):
+      return self._manager.save(step, args=args, force=force)
+
+  @contextlib.contextmanager
+  def _save_errors(self, step: Optional[int]):
+    """Turns a failed save (of `step`, or of the async save before it) into a clear error."""
+    failed = self._saving
+    self._saving = step
+    try:
+      yield
+    except Exception as e:  # pylint: disable=broad-except
+      failed = failed if failed is not None else step
+      self._saving = None
+      latest = self._manager.latest_step()
+      raise CheckpointSaveError(
+          f"the checkpoint of step {failed} could not be written in {self.directory}: "
+          f"{e}. Is the disk full, or the directory not writable? "
+          + (f"The last complete checkpoint, of step {latest}, is intact: make room "
+             "and rerun to resume from it." if latest is not None else
+             "No checkpoint was complete before it.")) from e
 
   def restore(self, state: TrainState, shardings: TrainState,
               step: Optional[int] = None) -> tuple[TrainState, dict[str, Any]]:
@@ -88,10 +120,17 @@ class Checkpointer:
     return new_state, dict(restored["meta"])
 
   def wait(self):
-    self._manager.wait_until_finished()
+    """Waits for the async save in flight; raises CheckpointSaveError if it failed."""
+    with self._save_errors(None):
+      self._manager.wait_until_finished()
 
   def close(self):
-    self._manager.wait_until_finished()
+    try:
+      self.wait()
+    except CheckpointSaveError:
+      with contextlib.suppress(Exception):  # Orbax raises the same failure again.
+        self._manager.close()
+      raise
     self._manager.close()
 
 
