@@ -50,13 +50,14 @@ config.model.update(vocab_size=128, hidden_size=32, num_layers=2, num_heads=4,
                     intermediate_size=64, dtype="float32")
 phase = config.phases.seq128
 phase.update(fraction=1.0, max_seq_length=32, max_predictions_per_seq=5,
-             global_batch_size=16, train_files=os.path.join(data_dir, "*.tfrecord"))
+             global_batch_size=16, train_files=os.path.join(data_dir, "*.tfrecord"),
+             eval_files=os.path.join(data_dir, "*.tfrecord"))
 config.phases = ml_collections.ConfigDict({"seq32": phase})
 config.data.order = "global"
 config.optimizer.update(learning_rate=1e-3, warmup_steps=2)
 config.mesh.update(data=2, fsdp=2, tensor=2)
 config.checkpoint.update(every_steps=100, async_save=True)
-config.logging.update(every_steps=1, eval_every_steps=0)
+config.logging.update(every_steps=1, eval_every_steps=0, eval_batches=0)
 
 if sigterm_at and jax.process_index() == jax.process_count() - 1:
   log_train = loop.MetricLogger.log_train

@@ -9,8 +9,10 @@ parameters of an uninterrupted run, bit for bit (equal digests).
 
 import os
 
+import numpy as np
 import pytest
 
+import data_utils
 from test_train import TOTAL_STEPS, losses, run
 
 
@@ -99,3 +101,27 @@ def test_file_space_running_out_in_a_save_is_a_clear_error_and_loses_nothing(
   assert "The last complete checkpoint, of step 4, is intact" in error
   assert sorted(result["checkpoints"], key=int) == ["3", "4"]
   _resumes_to_the_end(tmp_path_factory, workdir, reference, from_step=4)
+
+
+def test_a_preemption_at_a_phase_end_keeps_that_phases_evaluation(
+    tmp_path_factory, reference):
+  eval_dir = str(tmp_path_factory.mktemp("eval16"))
+  examples = data_utils.write_dataset(eval_dir, num_files=2, records_per_file=8,
+                                      max_seq_length=16, max_pred=3, vocab_size=128, seed=5)
+  config = {"phases.seq16.eval_files": os.path.join(eval_dir, "*.tfrecord"),
+            "logging.eval_batches": 0}
+  workdir = str(tmp_path_factory.mktemp("phase_end"))
+  first, _ = run(tmp_path_factory, workdir, sigterm_at=4, config=config)
+  assert first["summary"] == {"preempted_at_step": 4}
+  assert sorted(first["checkpoints"], key=int) == ["3", "4"]
+  result, _ = _resumes_to_the_end(tmp_path_factory, workdir, reference, from_step=4,
+                                  config=config)
+  evaluation = result["summary"]["phases"]["seq16"]["eval"]
+  assert evaluation["num_examples"] == len(examples)
+  targets = np.concatenate([e["masked_lm_ids"][e["masked_lm_weights"] > 0]
+                            for e in examples])
+  labels = np.concatenate([e["next_sentence_labels"] for e in examples])
+  np.testing.assert_allclose(
+      [evaluation["mlm_baseline_accuracy"], evaluation["nsp_baseline_accuracy"]],
+      [np.bincount(targets).max() / len(targets), np.bincount(labels).max() / len(labels)],
+      rtol=1e-6)

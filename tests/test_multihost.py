@@ -65,6 +65,10 @@ def _run(num_processes: int, workdir: str, data_dir: str, cache: str, sigterm_at
   return outputs
 
 
+def _summary(output: str) -> dict:
+  return json.loads(re.search(r"^SUMMARY (.*)$", output, re.M).group(1))
+
+
 def _digest(output: str) -> tuple[int, str]:
   step, digest = re.search(r"^DIGEST (\d+) (\w+)$", output, re.M).groups()
   return int(step), digest
@@ -82,20 +86,28 @@ def _losses(workdir: str) -> dict[int, float]:
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
+def dataset(tmp_path_factory):
   d = str(tmp_path_factory.mktemp("data"))
-  data_utils.write_dataset(d, num_files=4, records_per_file=24, max_seq_length=32,
-                           max_pred=5, vocab_size=128, seed=3)
-  return d
+  examples = data_utils.write_dataset(d, num_files=4, records_per_file=24,
+                                      max_seq_length=32, max_pred=5, vocab_size=128, seed=3)
+  return d, examples
+
+
+def _baselines(examples) -> tuple[float, float]:
+  """Accuracies of always predicting the most frequent masked token, and NSP label."""
+  targets = np.concatenate([e["masked_lm_ids"][e["masked_lm_weights"] > 0] for e in examples])
+  labels = np.concatenate([e["next_sentence_labels"] for e in examples])
+  return (np.bincount(targets).max() / len(targets), np.bincount(labels).max() / len(labels))
 
 
 def test_two_processes_match_one_and_a_sigterm_to_one_stops_both_at_one_step(
-    data_dir, tmp_path, tmp_path_factory):
+    dataset, tmp_path, tmp_path_factory):
+  data_dir, examples = dataset
   cache = jax_child.cache_dir(tmp_path_factory)
   single, multi, preempted = (str(tmp_path / d) for d in ("single", "multi", "preempted"))
   for d in (single, multi, preempted):
     os.makedirs(d)
-  _run(1, single, data_dir, cache)
+  single_eval = _summary(_run(1, single, data_dir, cache)[0])["phases"]["seq32"]["eval"]
   reference = _losses(single)
   assert sorted(reference) == [1, 2, 3, 4, 5, 6]
   uninterrupted = _run(2, multi, data_dir, cache)
@@ -104,6 +116,15 @@ def test_two_processes_match_one_and_a_sigterm_to_one_stops_both_at_one_step(
                              [reference[s] for s in range(1, 7)], rtol=1e-5)
   final = {_digest(out) for out in uninterrupted}
   assert len(final) == 1 and next(iter(final))[0] == 6
+  # Held-out baselines are those of the whole eval set, on either host.
+  mlm, nsp = _baselines(examples)
+  for out in uninterrupted:
+    multi_eval = _summary(out)["phases"]["seq32"]["eval"]
+    assert multi_eval["num_examples"] == single_eval["num_examples"] == len(examples)
+    assert multi_eval["mlm_baseline_accuracy"] == single_eval["mlm_baseline_accuracy"]
+    assert multi_eval["nsp_baseline_accuracy"] == single_eval["nsp_baseline_accuracy"]
+    np.testing.assert_allclose([multi_eval["mlm_baseline_accuracy"],
+                                multi_eval["nsp_baseline_accuracy"]], [mlm, nsp], rtol=1e-6)
 
   # SIGTERM to the second process after step 2: both stop at the step JAX's
   # preemption sync picks, each saving it, and exit cleanly.
