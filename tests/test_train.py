@@ -15,6 +15,7 @@ import os
 import signal
 import struct
 import sys
+import time
 
 import jax
 import ml_collections
@@ -26,8 +27,12 @@ from bertjax.convert.weights import load_weights
 from bertjax.train import checkpoint as ckpt_lib
 from bertjax.train import loop
 from bertjax.train import run_config
+from bertjax.model.config import BertConfig
 from bertjax.train import state as state_lib
 from bertjax.train import step as step_lib
+from bertjax.train.logger import MetricLogger
+from bertjax.train.preemption import PreemptionGuard
+from bertjax.train.step_metrics import NonFiniteError, StepMetrics
 
 sys.path.insert(0, os.path.join(jax_child.REPO, "configs"))
 import base  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -258,6 +263,49 @@ def test_init_from_checkpoint_or_hugging_face_directory_starts_at_step_zero(
     assert result["sources"] == [dict(phase="seq16", start=0, length=16)], name
     assert list(result["checkpoints"]) == ["1"], name
     assert result["checkpoints"]["1"]["digest"] == weights, name
+
+
+def test_step_metrics_are_read_back_together_and_stop_at_the_first_nonfinite_step():
+  buffer = StepMetrics(max_in_flight=1, on_nonfinite="Resume from DIR.")
+  ok = lambda loss: {"loss": jax.numpy.float32(loss), "finite": jax.numpy.bool_(True)}
+  buffer.add(1, ok(2.0))
+  buffer.add(2, ok(1.5))
+  assert [float(m["loss"]) for m in buffer.take_window()] == [2.0, 1.5]
+  assert buffer.take_window() == []
+  buffer.add(3, ok(1.0))
+  buffer.add(4, {"loss": jax.numpy.float32(np.nan), "finite": jax.numpy.bool_(False)})
+  with pytest.raises(NonFiniteError, match=r"at step 4; the state of step 3 is kept .* "
+                                           r"Resume from DIR\."):
+    buffer.drain()
+
+
+def test_one_process_preemption_guard_takes_a_real_sigterm_and_restores_the_handler():
+  before = signal.getsignal(signal.SIGTERM)
+  with PreemptionGuard() as guard:
+    assert not guard.reached(1)
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert guard.reached(2) and guard.reached(3)
+  assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_throughput_leaves_out_checkpoint_and_eval_time(tmp_path):
+  model_config = BertConfig.from_mapping(tiny_config().model)
+  phase = run_config.phases(tiny_config())[0]
+  with MetricLogger(str(tmp_path), model_config, TOTAL_STEPS) as logger:
+    logger.start_window(0)
+    time.sleep(0.05)  # Training steps.
+    with logger.clock.measure("checkpoint"):
+      time.sleep(0.3)
+    with logger.clock.measure("eval"):
+      time.sleep(0.2)
+    m = logger.log_train(2, phase, [{"loss": 1.0, "mlm_accuracy": 0.5, "nsp_accuracy": 0.5,
+                                     "finite": True}] * 2, 1e-3)
+  assert 0.02 < m["step_time"] < 0.15, m  # 2 steps in about 0.05 s, not 0.55 s.
+  summary = logger.clock.summary()
+  assert summary["checkpoint_seconds"] >= 0.3 and summary["eval_seconds"] >= 0.2
+  assert summary["goodput"] == pytest.approx(
+      summary["step_seconds"] / summary["wall_seconds"], rel=0.05)
+  assert summary["goodput"] < 0.3
 
 
 BAD_CONFIGS = {

@@ -8,8 +8,9 @@ when each reads its own files, ...) would silently move phase boundaries,
 the data position or the learning rate, so it is refused with the changed
 fields named. Fields in ALWAYS_SAFE change nothing the run computes and may
 differ. Any other change can be made deliberately by naming it in
---config.allow_changes (comma-separated fields; `*` matches one level, as in
-phases.*.train_files); it is logged, and the record is updated. A change that
+--config.allow_changes (comma-separated field names, with `*` as a wildcard
+as in phases.*.train_files; a group's name, e.g. optimizer, covers its
+fields); it is logged, and the record is updated. A change that
 moves the resumed step into another phase or data position is refused even
 then.
 """
@@ -81,11 +82,13 @@ def check_resume(workdir: str, current: dict[str, Any],
                  config: ml_collections.ConfigDict) -> None:
   """Refuses (ConfigError naming the fields) a rerun whose config differs unsafely.
 
-  Writes the record when there is none yet (a fresh run, or a workdir of an
-  older version); rewrites it after an allowed change.
+  Logs each change that is let through. The caller then writes the current
+  config as the new record (`write`).
   """
   path = os.path.join(workdir, RECORD_FILENAME)
   if not fileio.exists(path):
+    logging.warning("%s has checkpoints but no %s: the config cannot be checked against "
+                    "the run's; recording this one.", workdir, RECORD_FILENAME)
     return
   saved = json.loads(fileio.read_text(path))
   changes = changed_fields(saved, current)
