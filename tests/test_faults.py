@@ -111,11 +111,17 @@ def test_a_preemption_at_a_phase_end_keeps_that_phases_evaluation(
   config = {"phases.seq16.eval_files": os.path.join(eval_dir, "*.tfrecord"),
             "logging.eval_batches": 0}
   workdir = str(tmp_path_factory.mktemp("phase_end"))
-  first, _ = run(tmp_path_factory, workdir, sigterm_at=4, config=config)
+  first, _ = run(tmp_path_factory, workdir, sigterm_at=4, config=config, source_stats=True)
   assert first["summary"] == {"preempted_at_step": 4}
   assert sorted(first["checkpoints"], key=int) == ["3", "4"]
   result, _ = _resumes_to_the_end(tmp_path_factory, workdir, reference, from_step=4,
-                                  config=config)
+                                  config=config, source_stats=True)
+  # The input's counters: each phase's at its end (its 4 steps' batches and
+  # at most 3 read ahead: 2 waiting on the devices, 1 on its way), and their total.
+  phases = result["summary"]["phases"]
+  assert all(4 <= phases[p]["data"]["batches_read"] <= 4 + 3 for p in ("seq16", "seq32"))
+  assert result["summary"]["data"] == {
+      "batches_read": sum(phases[p]["data"]["batches_read"] for p in phases)}
   evaluation = result["summary"]["phases"]["seq16"]["eval"]
   assert evaluation["num_examples"] == len(examples)
   targets = np.concatenate([e["masked_lm_ids"][e["masked_lm_weights"] > 0]

@@ -78,18 +78,22 @@ def _child(payload: dict) -> dict:
     model_config = BertConfig.from_mapping(tiny_config().model)
     hf_files.save_hf_checkpoint(jax.device_get(params), model_config, out)
 
-  # Which phase read from which data step, at which length; and an optional
-  # NaN in the batch of one step.
+  # Which phase read from which data step, at which length; an optional NaN
+  # in the batch of one step; optional counters of the batches read.
   sources = []
   make_source = loop._train_source  # pylint: disable=protected-access
 
   def recording_source(config, phase, model_config):
     source = make_source(config, phase, model_config)
     iterate = source.iterate
+    read = [0]
+    if payload.get("source_stats"):  # Counters, as a TFRecord source keeps them.
+      source.stats = lambda: {"batches_read": read[0]}
 
     def recorded(start):
       sources.append(dict(phase=phase.name, start=start))
       for i, batch in enumerate(iterate(start)):
+        read[0] += 1
         sources[-1].setdefault("length", int(batch["input_ids"].shape[1]))
         if phase.start + start + i + 1 == payload.get("nan_at"):
           batch = dict(batch, masked_lm_weights=np.full_like(batch["masked_lm_weights"],
