@@ -167,8 +167,10 @@ class Trainer:
           max_predictions_per_seq=phase.max_predictions_per_seq,
           process_index=jax.process_index(), process_count=jax.process_count(),
           max_batches=config.logging.eval_batches or None,
-          skip_corrupt=config.data.skip_corrupt)
+          skip_corrupt=config.data.skip_corrupt, vocab_size=self.run.model_config.vocab_size)
       result = self._evaluator.run(self.state, batches)
+      # The eval input's counters (e.g. skipped_records), over all hosts.
+      result.update(sum_over_hosts(source_stats(batches)))
     logging.info("eval [%s] %s", phase.name,
                  "  ".join(f"{k} {v:.4f}" for k, v in sorted(result.items())))
     return result
