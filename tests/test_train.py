@@ -121,7 +121,7 @@ def _child(payload: dict) -> dict:
   try:
     result["summary"] = loop.train_and_evaluate(tiny_config(payload.get("config")), workdir,
                                                 weights_loader=load_weights)
-  except (loop.NonFiniteError, ckpt_lib.CheckpointSaveError, run_config.ConfigError) as e:
+  except (NonFiniteError, ckpt_lib.CheckpointSaveError, run_config.ConfigError) as e:
     result["error"] = f"{type(e).__name__}: {e}"
   result["sources"] = sources
 

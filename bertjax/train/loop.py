@@ -31,7 +31,6 @@ from bertjax.train import start as start_lib
 from bertjax.train.logger import MetricLogger, RunClock, quiet_library_logs
 from bertjax.train.preemption import PreemptionGuard
 from bertjax.train.start import WeightsLoader
-from bertjax.train.step_metrics import NonFiniteError  # pylint: disable=unused-import
 from bertjax.train.trainer import Run, Trainer
 
 
