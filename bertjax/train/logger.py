@@ -1,7 +1,8 @@
 """Console lines, TensorBoard scalars and the throughput figures behind them.
 
 Throughput and MFU are rates of training steps alone: a logging window's
-time spent in checkpoint saves and held-out evaluation is measured apart
+time spent in checkpoint saves (the part the loop waits for; an async save
+writes on in the background) and held-out evaluation is measured apart
 (RunClock) and left out of them, and reported on its own. Goodput is the
 share of this process's wall time spent in training steps (their input
 waits and the first step's compile included).
