@@ -134,12 +134,22 @@ def _summary(trainer: Trainer, logger: MetricLogger) -> dict[str, Any]:
     for k, v in p.get("data", {}).items():
       data[k] = data.get(k, 0) + v
   if data:
-    summary["data"] = data  # Summed over hosts and phases.
+    # Summed over hosts and phases; each phase's as counted by the processes
+    # that finished it (a phase resumed midway counts from the resume).
+    summary["data"] = data
   return summary
 
 
 def _log_summary(summary):
-  logging.info("Finished at step %d of %d.", summary["step"], summary["total_steps"])
+  t = summary["time"]
+  logging.info("Finished at step %d of %d. This process: %.0f s, of which training "
+               "steps %.0f s (goodput %.1f%%), checkpoints %.0f s, evaluation %.0f s.",
+               summary["step"], summary["total_steps"], t["wall_seconds"],
+               t["step_seconds"], 100 * t["goodput"], t["checkpoint_seconds"],
+               t["eval_seconds"])
+  if summary.get("data"):
+    logging.info("  input (all hosts): %s", "  ".join(
+        f"{k} {v}" for k, v in sorted(summary["data"].items())))
   for name, p in summary["phases"].items():
     if "eval" in p:
       e = p["eval"]
