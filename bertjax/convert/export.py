@@ -1,20 +1,27 @@
 """Exports a bertjax checkpoint for other tools' fine-tuning jobs.
 
-  python -m bertjax.convert.export --checkpoint=WORKDIR/checkpoints --output=DIR
+  python -m bertjax.convert.export --checkpoint=WORKDIR/checkpoints --output=DIR \
+      [--format=safetensors|flax] [--vocab_file=vocab.txt] [--do_lower_case=...]
 
 reads the checkpoint's latest step (or the step directory given) on this
 machine's first device, whatever mesh or topology saved it, local or gs://,
-and writes a Hugging Face model directory: config.json and the weights
-(--format=safetensors, the default, or flax).
+and writes a Hugging Face model directory that `AutoTokenizer` and
+`AutoModel` / `FlaxAutoModel` load as is: config.json, the weights
+(model.safetensors, the default, or flax_model.msgpack), vocab.txt,
+tokenizer_config.json and special_tokens_map.json. The vocab and its casing
+come from the run's data (run_vocab.py); --vocab_file and --do_lower_case
+replace them. Nothing is written when the vocab cannot be found or does not
+fit the model.
 """
 
-from typing import Any
+from typing import Any, Optional
 
 from absl import app
 from absl import flags
 import jax
 import numpy as np
 
+from bertjax.convert import run_vocab
 from bertjax.convert import weights
 from bertjax.model.config import BertConfig
 from bertjax.train import checkpoint as ckpt_lib
@@ -25,6 +32,12 @@ _CHECKPOINT = flags.DEFINE_string(
 _OUTPUT = flags.DEFINE_string("output", None, "Output model directory.", required=True)
 _FORMAT = flags.DEFINE_enum("format", "safetensors", ["safetensors", "flax"],
                             "Weights format of the exported model.")
+_VOCAB_FILE = flags.DEFINE_string(
+    "vocab_file", None, "The WordPiece vocab.txt to export; default: the one the run's data "
+    "was created with (found from WORKDIR/config.json and the data's metadata.json).")
+_DO_LOWER_CASE = flags.DEFINE_bool(
+    "do_lower_case", None, "Whether the tokenizer lower-cases text; default: as the data's "
+    "metadata.json says.")
 
 
 def read_checkpoint(path: str, sharding=None) -> tuple[dict[str, Any], BertConfig, dict]:
@@ -39,14 +52,25 @@ def read_checkpoint(path: str, sharding=None) -> tuple[dict[str, Any], BertConfi
   return jax.tree.map(np.asarray, params), config, meta
 
 
+def export_hf(checkpoint: str, output: str, format: str = "safetensors",  # pylint: disable=redefined-builtin
+              vocab_file: Optional[str] = None, do_lower_case: Optional[bool] = None) -> str:
+  """Writes the Hugging Face model directory (module docstring); returns a summary line."""
+  from bertjax.convert import hf_files  # pylint: disable=g-import-not-at-top
+  vocab = run_vocab.find_vocab(checkpoint, vocab_file, do_lower_case)
+  params, config, meta = read_checkpoint(checkpoint)
+  run_vocab.check_fits(vocab, config.vocab_size)
+  hf_files.save_hf_checkpoint(params, config, output, format=format,
+                              config_extra={"pad_token_id": run_vocab.pad_token_id(vocab)})
+  run_vocab.write_hf_tokenizer(vocab, output, config.max_position_embeddings)
+  return (f"Exported step {meta['step']} ({sum(x.size for x in jax.tree.leaves(params)):,} "
+          f"parameters) to {output} as {format}, with {vocab.source}.")
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  from bertjax.convert import hf_files  # pylint: disable=g-import-not-at-top
-  params, config, meta = read_checkpoint(_CHECKPOINT.value)
-  hf_files.save_hf_checkpoint(params, config, _OUTPUT.value, format=_FORMAT.value)
-  print(f"Exported step {meta['step']} ({sum(x.size for x in jax.tree.leaves(params)):,} "
-        f"parameters) to {_OUTPUT.value} as {_FORMAT.value}.")
+  print(export_hf(_CHECKPOINT.value, _OUTPUT.value, _FORMAT.value, _VOCAB_FILE.value,
+                  _DO_LOWER_CASE.value))
 
 
 if __name__ == "__main__":

@@ -9,13 +9,14 @@ bertjax's tree are in hf.py.
 
 import json
 import os
-from typing import Mapping
+from typing import Mapping, Optional
 
 import numpy as np
 from absl import logging
 
 from bertjax.convert import hf
 from bertjax.model.config import BertConfig
+from bertjax.records import fileio
 
 # ---------------------------------------------------------------------------
 # PyTorch state-dict names.
@@ -217,36 +218,44 @@ def load_hf_checkpoint(path_or_dir: str, *, encoder_only: bool = False,
 
 
 def save_hf_checkpoint(params, config: BertConfig, out_dir: str, format: str = "safetensors",
-                       *, encoder_only: bool = False) -> str:  # pylint: disable=redefined-builtin
+                       *, encoder_only: bool = False,
+                       config_extra: Optional[Mapping] = None) -> str:  # pylint: disable=redefined-builtin
   """Writes config.json and the weights as transformers saves them; returns the weights file.
 
   format "safetensors": model.safetensors with PyTorch names (what
   BertForPreTraining.from_pretrained reads; FlaxBertForPreTraining reads it too).
   format "flax": flax_model.msgpack for FlaxBertForPreTraining.from_pretrained.
   `encoder_only` writes BertModel's weights (no heads, no 'bert' prefix) for
-  fine-tuning. Weights keep their dtype. Refuses to mix with other weights
-  already in `out_dir`.
+  fine-tuning. Weights keep their dtype; vocab rows past config.vocab_size
+  (padding) are not written. `config_extra` adds or replaces config.json
+  fields (e.g. pad_token_id). Refuses to mix with other weights already in
+  `out_dir`, which may be local or gs://.
   """
+  hf_params = hf.bertjax_to_hf(params, config, encoder_only=encoder_only)
+  architecture = "BertForPreTraining" if "cls" in hf_params else "BertModel"
+  return write_hf_model(hf_params, hf.hf_config_dict(config, architecture), out_dir,
+                        format, config_extra)
+
+
+def write_hf_model(hf_params, config_dict: Mapping, out_dir: str, format: str,  # pylint: disable=redefined-builtin
+                   config_extra: Optional[Mapping] = None) -> str:
+  """config.json and the weights of HF Flax-layout params; returns the weights file."""
   formats = {"safetensors": hf.SAFETENSORS_NAME, "flax": hf.FLAX_NAME}
   if format not in formats:
     raise ValueError(f"save_hf_checkpoint: format={format!r} is not one of {sorted(formats)}")
-  os.makedirs(out_dir, exist_ok=True)
+  fileio.makedirs(out_dir)
   others = [n for n in hf.WEIGHT_FILES if n != formats[format]
-            and os.path.exists(os.path.join(out_dir, n))]
+            and fileio.exists(os.path.join(out_dir, n))]
   if others:
     raise ValueError(f"{out_dir}: already holds {others}; save into an empty directory so "
                      "that loaders do not pick up stale weights")
-  hf_params = hf.bertjax_to_hf(params, config, encoder_only=encoder_only)
-  architecture = "BertForPreTraining" if "cls" in hf_params else "BertModel"
-  with open(os.path.join(out_dir, hf.CONFIG_NAME), "w") as f:
-    json.dump(hf.hf_config_dict(config, architecture), f, indent=2, sort_keys=True)
-    f.write("\n")
+  fileio.write_text(os.path.join(out_dir, hf.CONFIG_NAME), json.dumps(
+      dict(config_dict, **(config_extra or {})), indent=2, sort_keys=True) + "\n")
   weights_path = os.path.join(out_dir, formats[format])
   if format == "flax":
     from flax import serialization  # pylint: disable=g-import-not-at-top
-    with open(weights_path, "wb") as f:
-      f.write(serialization.msgpack_serialize(hf_params))
+    fileio.write_bytes(weights_path, serialization.msgpack_serialize(hf_params))
   else:
-    from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-    save_file(hf_flat_to_torch(hf_params), weights_path, metadata={"format": "pt"})
+    from safetensors.numpy import save  # pylint: disable=g-import-not-at-top
+    fileio.write_bytes(weights_path, save(hf_flat_to_torch(hf_params), metadata={"format": "pt"}))
   return weights_path
