@@ -86,7 +86,7 @@ def test_export_loads_in_transformers_as_is(tmp_path, do_lower_case, weights):
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"Exported step 0 ({_size(run['params']):,} parameters)" in done.stdout
   else:
-    export.export_hf(run["checkpoints"], out, weights)
+    export.export(run["checkpoints"], out, weights)
   assert sorted(os.listdir(out)) == sorted([
       "config.json", "special_tokens_map.json", "tokenizer_config.json", "vocab.txt",
       "model.safetensors" if weights == "safetensors" else "flax_model.msgpack"])
@@ -130,7 +130,7 @@ def test_pytorch_automodel_loads_the_export(tmp_path):
   torch = pytest.importorskip("torch")
   run = make_run(tmp_path, True)
   out = str(tmp_path / "hf")
-  export.export_hf(run["checkpoints"], out)
+  export.export(run["checkpoints"], out)
   model = transformers.AutoModel.from_pretrained(out)
   assert isinstance(model, torch.nn.Module)
 
@@ -140,7 +140,7 @@ def test_vocab_flag_replaces_the_search_and_must_be_the_datas(tmp_path):
   os.rename(run["vocab"], str(tmp_path / "moved_vocab.txt"))
   out = tmp_path / "hf"
   with pytest.raises(ValueError, match=r"--vocab_file: .* no file of that name"):
-    export.export_hf(run["checkpoints"], str(out))
+    export.export(run["checkpoints"], str(out))
   assert not out.exists()  # Nothing half-written.
 
   other = tmp_path / "other_vocab.txt"
@@ -148,10 +148,10 @@ def test_vocab_flag_replaces_the_search_and_must_be_the_datas(tmp_path):
   other.write_text("\n".join(tokens[:-2] + tokens[-1:] + tokens[-2:-1]) + "\n")
   with pytest.raises(ValueError, match=r"--vocab_file=.*other_vocab.txt: its tokens hash to "
                                        r".* was created with vocab"):
-    export.export_hf(run["checkpoints"], str(out), vocab_file=str(other))
+    export.export(run["checkpoints"], str(out), vocab_file=str(other))
   assert not out.exists()
 
-  export.export_hf(run["checkpoints"], str(out), vocab_file=str(tmp_path / "moved_vocab.txt"))
+  export.export(run["checkpoints"], str(out), vocab_file=str(tmp_path / "moved_vocab.txt"))
   assert (out / "vocab.txt").read_text() == (tmp_path / "moved_vocab.txt").read_text()
 
 
@@ -160,14 +160,14 @@ def test_without_the_runs_data_the_flags_are_required(tmp_path):
   os.remove(os.path.join(os.path.dirname(run["checkpoints"]), "config.json"))
   out = tmp_path / "hf"
   with pytest.raises(ValueError, match=r"--do_lower_case: the data's casing is unknown"):
-    export.export_hf(run["checkpoints"], str(out), vocab_file=run["vocab"])
+    export.export(run["checkpoints"], str(out), vocab_file=run["vocab"])
   with pytest.raises(ValueError, match=r"--vocab_file: the checkpoint's vocab cannot be found"):
-    export.export_hf(run["checkpoints"], str(out), do_lower_case=True)
+    export.export(run["checkpoints"], str(out), do_lower_case=True)
   short = tmp_path / "short_vocab.txt"
   short.write_text("\n".join(open(run["vocab"]).read().splitlines()[:-1]) + "\n")
   with pytest.raises(ValueError, match=rf"{run['config'].vocab_size - 1} tokens but the model "
                                        r"has model.vocab_size"):
-    export.export_hf(run["checkpoints"], str(out), vocab_file=str(short), do_lower_case=True)
+    export.export(run["checkpoints"], str(out), vocab_file=str(short), do_lower_case=True)
   assert not out.exists()
-  export.export_hf(run["checkpoints"], str(out), vocab_file=run["vocab"], do_lower_case=True)
+  export.export(run["checkpoints"], str(out), vocab_file=run["vocab"], do_lower_case=True)
   assert (out / "tokenizer_config.json").exists()

@@ -1,17 +1,23 @@
 """Exports a bertjax checkpoint for other tools' fine-tuning jobs.
 
   python -m bertjax.convert.export --checkpoint=WORKDIR/checkpoints --output=DIR \
-      [--format=safetensors|flax] [--vocab_file=vocab.txt] [--do_lower_case=...]
+      [--format=safetensors|flax|tf1] [--vocab_file=vocab.txt] [--do_lower_case=...]
 
 reads the checkpoint's latest step (or the step directory given) on this
 machine's first device, whatever mesh or topology saved it, local or gs://,
-and writes a Hugging Face model directory that `AutoTokenizer` and
-`AutoModel` / `FlaxAutoModel` load as is: config.json, the weights
-(model.safetensors, the default, or flax_model.msgpack), vocab.txt,
-tokenizer_config.json and special_tokens_map.json. The vocab and its casing
-come from the run's data (run_vocab.py); --vocab_file and --do_lower_case
-replace them. Nothing is written when the vocab cannot be found or does not
-fit the model.
+and writes (local or gs://) either
+  * a Hugging Face model directory that `AutoTokenizer` and `AutoModel` /
+    `FlaxAutoModel` load as is: config.json, the weights (model.safetensors,
+    the default, or flax_model.msgpack with --format=flax), vocab.txt,
+    tokenizer_config.json and special_tokens_map.json; or
+  * with --format=tf1, the original release's layout (tf1.py):
+    bert_model.ckpt.{index,data-*} with the release's variable names,
+    bert_config.json and vocab.txt, which its run_classifier.py /
+    run_squad.py and Hugging Face's TF-checkpoint converter read.
+Vocab rows past model.vocab_size (padding) are not exported. The vocab and
+its casing come from the run's data (run_vocab.py); --vocab_file and
+--do_lower_case replace them. Nothing is written when the vocab cannot be
+found or does not fit the model.
 """
 
 from typing import Any, Optional
@@ -26,12 +32,15 @@ from bertjax.convert import weights
 from bertjax.model.config import BertConfig
 from bertjax.train import checkpoint as ckpt_lib
 
+FORMATS = ("safetensors", "flax", "tf1")
 _CHECKPOINT = flags.DEFINE_string(
     "checkpoint", None, "A bertjax checkpoints directory (its latest step is used) or one "
     "step directory of it; local or gs://.", required=True)
 _OUTPUT = flags.DEFINE_string("output", None, "Output model directory.", required=True)
-_FORMAT = flags.DEFINE_enum("format", "safetensors", ["safetensors", "flax"],
-                            "Weights format of the exported model.")
+_FORMAT = flags.DEFINE_enum(
+    "format", "safetensors", FORMATS,
+    "safetensors or flax: a Hugging Face model directory with those weights; tf1: the "
+    "original release's TF1 checkpoint directory.")
 _VOCAB_FILE = flags.DEFINE_string(
     "vocab_file", None, "The WordPiece vocab.txt to export; default: the one the run's data "
     "was created with (found from WORKDIR/config.json and the data's metadata.json).")
@@ -52,16 +61,23 @@ def read_checkpoint(path: str, sharding=None) -> tuple[dict[str, Any], BertConfi
   return jax.tree.map(np.asarray, params), config, meta
 
 
-def export_hf(checkpoint: str, output: str, format: str = "safetensors",  # pylint: disable=redefined-builtin
-              vocab_file: Optional[str] = None, do_lower_case: Optional[bool] = None) -> str:
-  """Writes the Hugging Face model directory (module docstring); returns a summary line."""
-  from bertjax.convert import hf_files  # pylint: disable=g-import-not-at-top
+def export(checkpoint: str, output: str, format: str = "safetensors",  # pylint: disable=redefined-builtin
+           vocab_file: Optional[str] = None, do_lower_case: Optional[bool] = None) -> str:
+  """Writes the model directory (module docstring); returns a summary line."""
+  if format not in FORMATS:
+    raise ValueError(f"--format={format}: not one of {FORMATS}")
   vocab = run_vocab.find_vocab(checkpoint, vocab_file, do_lower_case)
   params, config, meta = read_checkpoint(checkpoint)
   run_vocab.check_fits(vocab, config.vocab_size)
-  hf_files.save_hf_checkpoint(params, config, output, format=format,
-                              config_extra={"pad_token_id": run_vocab.pad_token_id(vocab)})
-  run_vocab.write_hf_tokenizer(vocab, output, config.max_position_embeddings)
+  if format == "tf1":
+    from bertjax.convert import tf1  # pylint: disable=g-import-not-at-top
+    tf1.save_tf1_checkpoint(params, config, output)
+    run_vocab.write_vocab(vocab, output)
+  else:
+    from bertjax.convert import hf_files  # pylint: disable=g-import-not-at-top
+    hf_files.save_hf_checkpoint(params, config, output, format=format,
+                                config_extra={"pad_token_id": run_vocab.pad_token_id(vocab)})
+    run_vocab.write_hf_tokenizer(vocab, output, config.max_position_embeddings)
   return (f"Exported step {meta['step']} ({sum(x.size for x in jax.tree.leaves(params)):,} "
           f"parameters) to {output} as {format}, with {vocab.source}.")
 
@@ -69,8 +85,8 @@ def export_hf(checkpoint: str, output: str, format: str = "safetensors",  # pyli
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  print(export_hf(_CHECKPOINT.value, _OUTPUT.value, _FORMAT.value, _VOCAB_FILE.value,
-                  _DO_LOWER_CASE.value))
+  print(export(_CHECKPOINT.value, _OUTPUT.value, _FORMAT.value, _VOCAB_FILE.value,
+               _DO_LOWER_CASE.value))
 
 
 if __name__ == "__main__":

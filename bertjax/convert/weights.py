@@ -1,7 +1,9 @@
 """Starting weights for config.init_from, and the parameters an export writes.
 
-Two sources are read: a bertjax checkpoint (any phase, saved on any mesh
-or topology) and a Hugging Face BERT directory (config.json). Weights
+Three sources are read: a bertjax checkpoint (any phase, saved on any mesh
+or topology), a Hugging Face BERT directory (config.json), and the original
+release's TF1 checkpoint (bert_model.ckpt.* with bert_config.json; tf1.py).
+Weights
 land in whatever tree the target asks for: BertForPreTraining's or
 BertModel's, scanned or unrolled layers, on one device or any mesh, with as
 many vocab rows as the target has (model.padded_vocab_size: the rows past
@@ -160,12 +162,16 @@ def load_weights(path: str, abstract_params, model_config: BertConfig):
   """
   if is_bertjax_checkpoint(path):
     return load_bertjax_checkpoint(path, abstract_params, model_config)
-  if fileio.exists(os.path.join(path, hf.CONFIG_NAME)):
+  from bertjax.convert import tf1  # pylint: disable=g-import-not-at-top
+  encoder_only = "embeddings" in hf.unwrap(abstract_params)
+  if tf1.is_tf1_checkpoint(path):
+    params, source_config = tf1.load_tf1_checkpoint(path, encoder_only=encoder_only)
+  elif fileio.exists(os.path.join(path, hf.CONFIG_NAME)):
     from bertjax.convert import hf_files  # pylint: disable=g-import-not-at-top
-    encoder_only = "embeddings" in hf.unwrap(abstract_params)
     params, source_config = hf_files.load_hf_checkpoint(path, encoder_only=encoder_only)
   else:
     raise ValueError(f"--config.init_from={path}: neither a bertjax checkpoint (a params/ "
-                     "item) nor a Hugging Face model directory (config.json)")
+                     "item), a Hugging Face model directory (config.json) nor an original "
+                     "BERT TF1 checkpoint (bert_model.ckpt.index with bert_config.json)")
   check_architecture(source_config, model_config, path)
   return fit(params, source_config, abstract_params, model_config)
