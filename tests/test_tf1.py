@@ -25,7 +25,6 @@ import numpy as np
 import pytest
 
 import jax_child
-from test_export_hf import make_run
 
 B, L, P = 2, 12, 3
 
@@ -38,7 +37,7 @@ def _stand_in_tensorflow():
   def layer_norm(inputs, begin_norm_axis=-1, begin_params_axis=-1, scope=None):
     assert begin_norm_axis == -1 and begin_params_axis == -1
     with v1.variable_scope(scope, default_name="LayerNorm"):
-      depth = inputs.shape[-1]
+      depth = inputs.shape.as_list()[-1]
       beta = v1.get_variable("beta", [depth], initializer=v1.zeros_initializer())
       gamma = v1.get_variable("gamma", [depth], initializer=v1.ones_initializer())
       mean, variance = v1.nn.moments(inputs, [-1], keep_dims=True)
@@ -46,12 +45,13 @@ def _stand_in_tensorflow():
 
   def dense(inputs, units, activation=None, name=None, kernel_initializer=None):
     with v1.variable_scope(name, default_name="dense"):
-      kernel = v1.get_variable("kernel", [inputs.shape[-1], units],
+      kernel = v1.get_variable("kernel", [inputs.shape.as_list()[-1], units],
                                initializer=kernel_initializer)
       bias = v1.get_variable("bias", [units], initializer=v1.zeros_initializer())
       y = v1.nn.bias_add(v1.matmul(inputs, kernel), bias)
       return activation(y) if activation is not None else y
 
+  v1.disable_v2_tensorshape()  # TF1's shapes of Dimensions (run_classifier reads .value).
   contrib = types.ModuleType("tensorflow.contrib")
   contrib.layers = types.SimpleNamespace(layer_norm=layer_norm)
   sys.modules["tensorflow.contrib"] = contrib
@@ -157,6 +157,7 @@ def flat_equal(a, b) -> list[str]:
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
   from bertjax.convert import export  # pylint: disable=g-import-not-at-top
+  from test_export_hf import make_run  # pylint: disable=g-import-not-at-top
   root = tmp_path_factory.mktemp("tf1_export")
   run = make_run(root, True)
   out = str(root / "tf1")

@@ -135,7 +135,7 @@ def flatten(tree, prefix: Path = ()) -> dict[Path, Any]:
   return flat
 
 
-def _to_numpy(x, path: Path) -> np.ndarray:
+def to_numpy(x, path: Path) -> np.ndarray:
   if getattr(x, "is_fully_addressable", True) is False:
     raise ValueError(f"{'/'.join(path)}: the array spans several hosts; gather the params "
                      "first (jax.experimental.multihost_utils.process_allgather)")
@@ -180,7 +180,7 @@ def hf_to_bertjax(hf_params, config: BertConfig, *, source: str = "hf_params") -
   axis when `config.scan_layers`. Every HF weight must be used and every
   bertjax weight found, else ValueError naming `source` and the weights.
   """
-  flat = {normalise_layer_norm(k): _to_numpy(v, k)
+  flat = {normalise_layer_norm(k): to_numpy(v, k)
           for k, v in flatten(unwrap(hf_params)).items()}
   tops = {k[0] for k in flat}
   if "bert" in tops:
@@ -269,7 +269,7 @@ def bertjax_to_hf(params, config: BertConfig, *, encoder_only: bool = False) -> 
   tree). With `encoder_only`, or from a BertModel tree, returns FlaxBertModel's
   params: the encoder and pooler, for fine-tuning.
   """
-  flat = {k: _to_numpy(v, k) for k, v in flatten(unwrap(params)).items()}
+  flat = {k: to_numpy(v, k) for k, v in flatten(unwrap(params)).items()}
   flat, depth = _unstack_layers(flat)
   if depth is not None and depth != config.num_layers:
     raise ValueError(f"bertjax_to_hf: the params stack {depth} layers but model.num_layers="

@@ -7,9 +7,11 @@ and says whether text is lower-cased, and whose `vocab_hash` identifies the
 vocab's tokens. The vocab file is looked for in the data directory and the
 two directories above it (data creation's layout, e.g. the demo's
 demo_data/vocab.txt beside demo_data/train_128/) and must hash to
-`vocab_hash`. An explicit vocab file (the export's --vocab_file) takes the
-place of that search; it must still hash to the data's vocab_hash when the
-data is known.
+`vocab_hash`. A run without data of its own (fine-tuning) takes the vocab
+of the weights its record's init_from names: a model directory's vocab.txt
+or another bertjax run's. An explicit vocab file (the export's
+--vocab_file) takes the place of that search; it must still hash to the
+data's vocab_hash when the data is known.
 """
 
 import dataclasses
@@ -37,25 +39,50 @@ class Vocab:
   source: str
 
 
-def _data_dirs(checkpoint_dir: str) -> tuple[str, list[str]]:
-  """(the run record's path, the data directories of its phases, in order)."""
+def _run_record(checkpoint_dir: str) -> tuple[str, dict[str, Any]]:
+  """(path, contents) of the run record beside a checkpoints directory ({} if none)."""
   checkpoint_dir = checkpoint_dir.rstrip("/")
   if os.path.basename(checkpoint_dir).isdigit():  # A step directory was given.
     checkpoint_dir = os.path.dirname(checkpoint_dir)
-  workdir = os.path.dirname(checkpoint_dir)
-  record = os.path.join(workdir, RUN_RECORD_FILENAME)
+  record = os.path.join(os.path.dirname(checkpoint_dir), RUN_RECORD_FILENAME)
   if not fileio.exists(record):
-    return record, []
+    return record, {}
   try:
-    phases = json.loads(fileio.read_text(record)).get("phases", {})
+    return record, json.loads(fileio.read_text(record))
   except json.JSONDecodeError as e:
     raise ValueError(f"{record}: not valid JSON ({e})") from None
+
+
+def _data_dirs(checkpoint_dir: str) -> tuple[str, list[str]]:
+  """(the run record's path, the data directories of its phases, in order)."""
+  record, contents = _run_record(checkpoint_dir)
   dirs = []
-  for phase in phases.values():
+  for phase in contents.get("phases", {}).values():
     files = phase.get("train_files") if isinstance(phase, dict) else None
     if files and os.path.dirname(files) not in dirs:
       dirs.append(os.path.dirname(files))
   return record, dirs
+
+
+def _init_from_vocab(checkpoint_dir: str, do_lower_case: Optional[bool],
+                     depth: int) -> Optional[Vocab]:
+  """The vocab of the weights a run started from (its record's init_from): a
+  model directory's vocab.txt (Hugging Face, TF1), or a bertjax checkpoint's
+  own run's vocab. None when the run records no init_from."""
+  record, contents = _run_record(checkpoint_dir)
+  init_from = contents.get("init_from")
+  if not init_from or depth > 3:
+    return None
+  if fileio.exists(os.path.join(init_from, VOCAB_NAME)):
+    if do_lower_case is None:
+      config_path = os.path.join(init_from, TOKENIZER_CONFIG_NAME)
+      if fileio.exists(config_path):
+        do_lower_case = json.loads(fileio.read_text(config_path)).get("do_lower_case")
+    if do_lower_case is None:
+      raise ValueError(f"--do_lower_case: the casing of {init_from}'s vocab (the init_from "
+                       f"of {record}) is unknown; pass --do_lower_case=true or false")
+    return _read(os.path.join(init_from, VOCAB_NAME), do_lower_case)
+  return find_vocab(init_from, None, do_lower_case, depth=depth + 1)
 
 
 def data_metadata(checkpoint_dir: str) -> tuple[Optional[schema.DatasetMetadata], str]:
@@ -84,13 +111,19 @@ def _read(path: str, do_lower_case: bool) -> Vocab:
 
 
 def find_vocab(checkpoint_dir: str, vocab_file: Optional[str] = None,
-               do_lower_case: Optional[bool] = None) -> Vocab:
+               do_lower_case: Optional[bool] = None, *, depth: int = 0) -> Vocab:
   """The vocab of the run that wrote `checkpoint_dir` (see the module docstring).
 
   `vocab_file` and `do_lower_case` replace what the data's metadata says;
-  either is required where the data's metadata cannot be found.
+  either is required where the data's metadata cannot be found. A run
+  without pretraining data of its own (fine-tuning) has the vocab of the
+  weights it started from.
   """
   meta, looked_at = data_metadata(checkpoint_dir)
+  if meta is None and vocab_file is None:
+    inherited = _init_from_vocab(checkpoint_dir, do_lower_case, depth)
+    if inherited is not None:
+      return inherited
   tokenizer = meta.tokenizer if meta else {}
   if meta and tokenizer.get("type", "wordpiece") != "wordpiece":
     raise ValueError(f"{looked_at}: the data was tokenized with {tokenizer.get('type')}; "

@@ -132,16 +132,17 @@ def tf1_to_hf(variables: dict[str, np.ndarray]) -> dict[hf.Path, np.ndarray]:
   return out
 
 
+# The fields of the release's modeling.BertConfig.
+_RELEASE_CONFIG_FIELDS = (
+    "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+    "intermediate_size", "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob",
+    "max_position_embeddings", "type_vocab_size", "initializer_range")
+
+
 def config_dict(config: BertConfig) -> dict[str, Any]:
   """bert_config.json as the release's modeling.BertConfig reads it."""
-  return dict(
-      vocab_size=config.vocab_size, hidden_size=config.hidden_size,
-      num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
-      intermediate_size=config.intermediate_size, hidden_act="gelu",
-      hidden_dropout_prob=config.hidden_dropout_rate,
-      attention_probs_dropout_prob=config.attention_dropout_rate,
-      max_position_embeddings=config.max_position_embeddings,
-      type_vocab_size=config.type_vocab_size, initializer_range=config.initializer_range)
+  fields = hf.hf_config_dict(config, "BertModel")
+  return {k: fields[k] for k in _RELEASE_CONFIG_FIELDS}
 
 
 def write_checkpoint(variables: dict[str, np.ndarray], prefix: str) -> None:

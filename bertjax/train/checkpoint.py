@@ -125,8 +125,10 @@ def rng_from_json(data: list[int]):
 @contextlib.contextmanager
 def _reader(directory: str):
   manager = ocp.CheckpointManager(
-      directory, options=ocp.CheckpointManagerOptions(read_only=True, create=False),
+      directory, options=ocp.CheckpointManagerOptions(
+          read_only=True, create=False, save_interval_steps=0),
       item_handlers={"params": ocp.StandardCheckpointHandler(),
+                     "opt_state": ocp.StandardCheckpointHandler(),
                      "meta": ocp.JsonCheckpointHandler()})
   try:
     yield manager
