@@ -22,7 +22,7 @@ import pytest
 transformers = pytest.importorskip("transformers")
 
 import test_tf1  # pylint: disable=g-import-not-at-top
-from test_export_hf import make_run  # pylint: disable=g-import-not-at-top
+from test_export_hf import load_flax, make_run  # pylint: disable=g-import-not-at-top
 from bertjax.convert import export  # pylint: disable=g-import-not-at-top
 from bertjax.convert import heads  # pylint: disable=g-import-not-at-top
 from bertjax.model.bert import BertModel  # pylint: disable=g-import-not-at-top
@@ -109,12 +109,12 @@ def test_hugging_face_task_models_load_the_export(pretrained, tmp_path, head_typ
     hf_config = json.load(f)
   if labels:
     assert hf_config["id2label"] == {str(i): n for i, n in enumerate(labels)}
-  model = getattr(transformers, HEADS[head_type][2]).from_pretrained(out)
+  model, loaded = load_flax(getattr(transformers, HEADS[head_type][2]), out)
   assert type(model).__name__ == "Flax" + heads.HEADS[head_type].architecture
   tok = transformers.AutoTokenizer.from_pretrained(out)
   assert tok.vocab == pretrained["tokenizer"].vocab  # The pretraining run's vocab.
   ids, mask, segments = inputs(pretrained["config"].vocab_size, head_type)
-  got = model(ids, attention_mask=mask, token_type_ids=segments)
+  got = model(ids, attention_mask=mask, token_type_ids=segments, params=loaded)
   for name, value in reference(params, pretrained["config"], head_type, ids, mask,
                                segments).items():
     np.testing.assert_allclose(getattr(got, name), value, atol=1e-5, err_msg=name)

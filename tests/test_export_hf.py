@@ -11,6 +11,7 @@ own tokenizer and computing what bertjax computes.
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -66,8 +67,40 @@ def make_run(root, do_lower_case: bool, vocab_size: int = 160) -> dict:
   ckpt = ckpt_lib.Checkpointer(str(workdir / "checkpoints"), keep=1, async_save=False)
   ckpt.save(state, {"model": dataclasses.asdict(config)})
   ckpt.close()
-  return dict(checkpoints=str(workdir / "checkpoints"), vocab=str(data / "vocab.txt"),
-              tokenizer=tok, config=config, params=jax.device_get(state.params))
+  return dict(root=str(root), checkpoints=str(workdir / "checkpoints"),
+              vocab=str(data / "vocab.txt"), tokenizer=tok, config=config,
+              params=jax.device_get(state.params))
+
+
+def clone_run(run, root) -> dict:
+  """A copy of make_run's files under `root`, its run record pointing at the copy."""
+  shutil.copytree(run["root"], root / "clone")
+  moved = {k: v.replace(run["root"], str(root / "clone")) if k in ("root", "checkpoints", "vocab")
+           else v for k, v in run.items()}
+  record = os.path.join(os.path.dirname(moved["checkpoints"]), "config.json")
+  with open(record) as f:
+    text = f.read()
+  with open(record, "w") as f:
+    f.write(text.replace(run["root"], moved["root"]))
+  return moved
+
+
+@pytest.fixture(scope="module")
+def uncased_run(tmp_path_factory):
+  return make_run(tmp_path_factory.mktemp("uncased"), True)
+
+
+def load_flax(auto_class, directory):
+  """(model, params) of a transformers Flax class from an exported directory.
+
+  Flax weights load without a random initialisation first (_do_init=False,
+  faster); transformers converts PyTorch-named safetensors only into an
+  initialised model.
+  """
+  if os.path.exists(os.path.join(directory, "flax_model.msgpack")):
+    return auto_class.from_pretrained(directory, _do_init=False)
+  model = auto_class.from_pretrained(directory)
+  return model, model.params
 
 
 def export_cli(*flags):
@@ -78,8 +111,8 @@ def export_cli(*flags):
 
 @pytest.mark.parametrize("do_lower_case,weights", [(True, "safetensors"), (False, "flax")],
                          ids=["uncased_safetensors", "cased_flax"])
-def test_export_loads_in_transformers_as_is(tmp_path, do_lower_case, weights):
-  run = make_run(tmp_path, do_lower_case)
+def test_export_loads_in_transformers_as_is(uncased_run, tmp_path, do_lower_case, weights):
+  run = uncased_run if do_lower_case else make_run(tmp_path, do_lower_case)
   out = str(tmp_path / "hf")
   if weights == "safetensors":  # The command line once; the function it calls otherwise.
     done = export_cli(f"--checkpoint={run['checkpoints']}", f"--output={out}")
@@ -109,16 +142,17 @@ def test_export_loads_in_transformers_as_is(tmp_path, do_lower_case, weights):
   positions = np.tile(np.arange(ids.shape[1], dtype=np.int32), (ids.shape[0], 1))
   ref = BertForPreTraining(run["config"]).apply(
       {"params": run["params"]}, ids, mask, segments, positions, deterministic=True)
-  pretraining = transformers.FlaxAutoModelForPreTraining.from_pretrained(out)
-  got = pretraining(ids, attention_mask=mask, token_type_ids=segments)
+  pretraining, weights = load_flax(transformers.FlaxAutoModelForPreTraining, out)
+  got = pretraining(ids, attention_mask=mask, token_type_ids=segments, params=weights)
   np.testing.assert_allclose(got.prediction_logits, ref["mlm_logits"], atol=1e-4)
   np.testing.assert_allclose(got.seq_relationship_logits, ref["nsp_logits"], atol=1e-4)
-  encoder = transformers.FlaxAutoModel.from_pretrained(out)
+  encoder, encoder_weights = load_flax(transformers.FlaxAutoModel, out)
   assert isinstance(encoder, transformers.FlaxBertModel)
-  hidden = pretraining(ids, attention_mask=mask, token_type_ids=segments,
+  hidden = pretraining(ids, attention_mask=mask, token_type_ids=segments, params=weights,
                        output_hidden_states=True).hidden_states[-1]
   np.testing.assert_allclose(
-      encoder(ids, attention_mask=mask, token_type_ids=segments).last_hidden_state, hidden,
+      encoder(ids, attention_mask=mask, token_type_ids=segments,
+              params=encoder_weights).last_hidden_state, hidden,
       atol=1e-5)
 
 
@@ -126,17 +160,17 @@ def _size(params):
   return sum(x.size for x in jax.tree.leaves(params))
 
 
-def test_pytorch_automodel_loads_the_export(tmp_path):
+def test_pytorch_automodel_loads_the_export(uncased_run, tmp_path):
   torch = pytest.importorskip("torch")
-  run = make_run(tmp_path, True)
+  run = uncased_run
   out = str(tmp_path / "hf")
   export.export(run["checkpoints"], out)
   model = transformers.AutoModel.from_pretrained(out)
   assert isinstance(model, torch.nn.Module)
 
 
-def test_vocab_flag_replaces_the_search_and_must_be_the_datas(tmp_path):
-  run = make_run(tmp_path, True)
+def test_vocab_flag_replaces_the_search_and_must_be_the_datas(uncased_run, tmp_path):
+  run = clone_run(uncased_run, tmp_path)
   os.rename(run["vocab"], str(tmp_path / "moved_vocab.txt"))
   out = tmp_path / "hf"
   with pytest.raises(ValueError, match=r"--vocab_file: .* no file of that name"):
@@ -155,8 +189,8 @@ def test_vocab_flag_replaces_the_search_and_must_be_the_datas(tmp_path):
   assert (out / "vocab.txt").read_text() == (tmp_path / "moved_vocab.txt").read_text()
 
 
-def test_without_the_runs_data_the_flags_are_required(tmp_path):
-  run = make_run(tmp_path, True)
+def test_without_the_runs_data_the_flags_are_required(uncased_run, tmp_path):
+  run = clone_run(uncased_run, tmp_path)
   os.remove(os.path.join(os.path.dirname(run["checkpoints"]), "config.json"))
   out = tmp_path / "hf"
   with pytest.raises(ValueError, match=r"--do_lower_case: the data's casing is unknown"):
