@@ -205,3 +205,21 @@ def test_without_the_runs_data_the_flags_are_required(uncased_run, tmp_path):
   assert not out.exists()
   export.export(run["checkpoints"], str(out), vocab_file=run["vocab"], do_lower_case=True)
   assert (out / "tokenizer_config.json").exists()
+
+
+def test_exports_and_imports_go_through_the_file_layer(uncased_run):
+  """Remote paths (gs://) take tf.io.gfile in the file layer; TensorFlow's
+  in-memory ram:// file system stands in for a bucket."""
+  from bertjax.convert import weights  # pylint: disable=g-import-not-at-top
+  from bertjax.records import fileio  # pylint: disable=g-import-not-at-top
+  run = uncased_run
+  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
+                          run["params"])
+  for fmt in ("safetensors", "flax", "tf1"):
+    out = f"ram://bertjax_export_test/{fmt}"
+    export.export(run["checkpoints"], out, fmt)
+    assert fileio.read_text(f"{out}/vocab.txt") == open(run["vocab"]).read()
+    loaded = jax.device_get(weights.load_weights(out, abstract, run["config"]))
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(loaded),
+                                                     jax.tree.leaves(run["params"]))), fmt

@@ -91,14 +91,19 @@ def hf_flat_to_torch(hf_params) -> dict[str, np.ndarray]:
 # ---------------------------------------------------------------------------
 # Model directories.
 
+def _safetensors_format(data: bytes) -> str | None:
+  """The `format` entry of a safetensors file's header metadata ("pt", "flax", ...)."""
+  size = int.from_bytes(data[:8], "little")
+  return (json.loads(data[8:8 + size]).get("__metadata__") or {}).get("format")
+
+
 def _read_safetensors(files: list[str]) -> dict[hf.Path, np.ndarray]:
-  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+  from safetensors.numpy import load  # pylint: disable=g-import-not-at-top
   state, formats = {}, set()
   for f in files:
-    with safe_open(f, framework="numpy") as reader:
-      formats.add((reader.metadata() or {}).get("format"))
-      for k in reader.keys():
-        state[k] = reader.get_tensor(k)
+    data = fileio.read_bytes(f)
+    formats.add(_safetensors_format(data))
+    state.update(load(data))
   source = files[0] if len(files) == 1 else os.path.dirname(files[0])
   flax_names = any(k.endswith((".kernel", ".embedding", ".scale")) for k in state)
   if formats == {"flax"} or (formats <= {None} and flax_names):
@@ -120,7 +125,9 @@ def _read_torch(files: list[str]) -> dict[hf.Path, np.ndarray]:
         "writes model.safetensors), then load that directory.") from None
   state = {}
   for f in files:
-    for k, v in torch.load(f, map_location="cpu", weights_only=True).items():
+    with fileio.open_binary(f) as fh:
+      loaded = torch.load(fh, map_location="cpu", weights_only=True)
+    for k, v in loaded.items():
       state[k] = v.float().numpy() if v.dtype == torch.bfloat16 else v.numpy()
   return _torch_to_hf_flat(state, files[0])
 
@@ -129,14 +136,12 @@ def _read_flax(files: list[str]) -> dict[hf.Path, np.ndarray]:
   from flax import serialization  # pylint: disable=g-import-not-at-top
   flat = {}
   for f in files:
-    with open(f, "rb") as fh:
-      flat.update(hf.flatten(serialization.msgpack_restore(fh.read())))
+    flat.update(hf.flatten(serialization.msgpack_restore(fileio.read_bytes(f))))
   return flat
 
 
 def _shards(directory: str, index_name: str) -> list[str]:
-  with open(os.path.join(directory, index_name)) as f:
-    weight_map = json.load(f)["weight_map"]
+  weight_map = json.loads(fileio.read_text(os.path.join(directory, index_name)))["weight_map"]
   return [os.path.join(directory, name) for name in sorted(set(weight_map.values()))]
 
 
@@ -148,11 +153,11 @@ def _find_weights(directory: str):
       (hf.TORCH_NAME, hf.TORCH_INDEX_NAME, _read_torch),
   )
   for single, index, reader in candidates:
-    if os.path.exists(os.path.join(directory, single)):
+    if fileio.exists(os.path.join(directory, single)):
       return reader, [os.path.join(directory, single)]
-    if os.path.exists(os.path.join(directory, index)):
+    if fileio.exists(os.path.join(directory, index)):
       return reader, _shards(directory, index)
-  tf_only = os.path.exists(os.path.join(directory, hf.TF_NAME))
+  tf_only = fileio.exists(os.path.join(directory, hf.TF_NAME))
   raise ValueError(
       f"{directory}: no model weights ({', '.join(hf.WEIGHT_FILES)})"
       + ("; TensorFlow weights (tf_model.h5) are not read: convert them to safetensors with "
@@ -161,7 +166,7 @@ def _find_weights(directory: str):
 
 def load_hf_checkpoint(path_or_dir: str, *, encoder_only: bool = False,
                        **overrides) -> tuple[dict, BertConfig]:
-  """Reads a local Hugging Face BERT directory -> (bertjax params, BertConfig).
+  """Reads a Hugging Face BERT directory (local or gs://) -> (bertjax params, BertConfig).
 
   The directory holds config.json and one of model.safetensors (PyTorch or
   Flax names; sharded with an index too), flax_model.msgpack, or
@@ -172,7 +177,7 @@ def load_hf_checkpoint(path_or_dir: str, *, encoder_only: bool = False,
   `encoder_only`, the params are BertModel's tree and any head weights are
   skipped (counted in the log): for BertModel checkpoints and fine-tuning.
   """
-  if os.path.isdir(path_or_dir):
+  if fileio.isdir(path_or_dir):
     directory = path_or_dir
     reader, files = _find_weights(directory)
   else:
@@ -189,13 +194,12 @@ def load_hf_checkpoint(path_or_dir: str, *, encoder_only: bool = False,
                        "or .bin weights file")
     files = [path_or_dir]
   config_path = os.path.join(directory, hf.CONFIG_NAME)
-  if not os.path.exists(config_path):
+  if not fileio.exists(config_path):
     raise ValueError(f"{directory}: no {hf.CONFIG_NAME}; a Hugging Face model directory needs it")
-  with open(config_path) as f:
-    try:
-      hf_config = json.load(f)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{config_path}: not valid JSON ({e})") from None
+  try:
+    hf_config = json.loads(fileio.read_text(config_path))
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{config_path}: not valid JSON ({e})") from None
   try:
     config = hf.hf_config_to_bertjax(hf_config, **overrides)
   except ValueError as e:

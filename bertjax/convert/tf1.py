@@ -154,7 +154,8 @@ def write_checkpoint(variables: dict[str, np.ndarray], prefix: str) -> None:
 
 
 def read_checkpoint(prefix: str) -> dict[str, np.ndarray]:
-  reader = _tf().train.load_checkpoint(prefix)
+  """{name: array} of every variable of the checkpoint at `prefix` (local or gs://)."""
+  reader = _tf().compat.v1.train.NewCheckpointReader(prefix)
   return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
 
 
