@@ -131,3 +131,17 @@ def test_an_import_never_drops_real_rows(runs):
   with pytest.raises(ValueError, match=r"init_from: .* has vocab_size=\d+ but "
                                        r"--config\.model\.vocab_size is"):
     weights.load_weights(run["checkpoints"], smaller, config)
+
+
+def test_fine_tuning_starts_its_encoder_from_any_source(runs, tmp_path):
+  """A BertModel target (the encoder a task model fine-tunes): the heads go."""
+  run, padded_checkpoints, _ = runs
+  export.export(run["checkpoints"], str(tmp_path / "tf1"), "tf1")
+  export.export(run["checkpoints"], str(tmp_path / "hf"))
+  target = abstract_of(run["params"]["bert"])
+  for source in (run["checkpoints"], padded_checkpoints, str(tmp_path / "tf1"),
+                 str(tmp_path / "hf")):
+    loaded = jax.device_get(weights.load_weights(source, target, run["config"]))
+    assert jax.tree.structure(loaded) == jax.tree.structure(run["params"]["bert"]), source
+    assert all(np.array_equal(a, b) for a, b in zip(
+        jax.tree.leaves(loaded), jax.tree.leaves(run["params"]["bert"]))), source

@@ -151,7 +151,9 @@ def load_bertjax_checkpoint(path: str, abstract_params, model_config: BertConfig
   if _shapes(ckpt_lib.saved_params_shapes(path)) == _shapes(abstract_params):
     return ckpt_lib.restore_params(path, abstract_params)
   params = read_checkpoint_params(path, _replicated_like(abstract_params))
-  return fit(jax.tree.map(np.asarray, params), source_config, abstract_params, model_config)
+  # Replicated: every process holds the whole value, also on several hosts.
+  host = jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), params)
+  return fit(host, source_config, abstract_params, model_config)
 
 
 def load_weights(path: str, abstract_params, model_config: BertConfig):
