@@ -164,3 +164,74 @@ def rng_to_json(rng) -> list[int]:
 
 def rng_from_json(data: list[int]):
   return jax.random.wrap_key_data(np.asarray(data, np.uint32))
+
+
+# ---------------------------------------------------------------------------
+# Reading one checkpoint elsewhere (export, init_from): read-only, through
+# orbax's public API, local or gs://, into any abstract target, so that a
+# checkpoint saved on one topology (a pod's mesh) restores on another (one
+# workstation device, another mesh).
+
+@contextlib.contextmanager
+def _reader(directory: str):
+  manager = ocp.CheckpointManager(
+      directory, options=ocp.CheckpointManagerOptions(
+          read_only=True, create=False, save_interval_steps=0),
+      item_handlers={"params": ocp.StandardCheckpointHandler(),
+                     "opt_state": ocp.StandardCheckpointHandler(),
+                     "meta": ocp.JsonCheckpointHandler()})
+  try:
+    yield manager
+  finally:
+    manager.close()
+
+
+def find_step(path: str) -> tuple[str, int]:
+  """(checkpoints directory, step) for `path`: a checkpoints directory (its
+  latest complete step) or one step directory of it."""
+  from bertjax.records import fileio  # pylint: disable=g-import-not-at-top
+  path = path.rstrip("/")
+  if not fileio.isdir(path):
+    raise ValueError(f"{path}: no such checkpoint directory")
+  parent, name = os.path.split(path)
+  if name.isdigit() and fileio.isdir(os.path.join(path, "params")):
+    return parent, int(name)
+  with _reader(path) as manager:
+    step = manager.latest_step()
+  if step is None:
+    raise ValueError(f"{path}: holds no bertjax checkpoint (no complete step directory "
+                     "with a params/ item)")
+  return path, step
+
+
+def read_meta(path: str) -> dict[str, Any]:
+  """The `meta` item (JSON) of the checkpoint at `path` (see find_step)."""
+  directory, step = find_step(path)
+  with _reader(directory) as manager:
+    restored = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+  return dict(restored["meta"], step=step)
+
+
+def saved_params_shapes(path: str) -> Any:
+  """The saved parameters' tree as jax.ShapeDtypeStructs (no sharding): what
+  was saved, whatever the model code or mesh that saved it."""
+  directory, step = find_step(path)
+  with _reader(directory) as manager:
+    saved = manager.metadata(step).item_metadata["params"]
+  saved = getattr(saved, "tree", saved)
+  return jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype), saved)
+
+
+def restore_params(path: str, abstract_params) -> Any:
+  """The parameters of the checkpoint at `path`, restored into `abstract_params`.
+
+  `abstract_params` is a tree of jax.ShapeDtypeStructs whose shardings say
+  where each array goes (one device, or any mesh whatever the mesh it was
+  saved from); its shapes must be the saved ones.
+  """
+  directory, step = find_step(path)
+  logging.info("Reading parameters of step %d from %s", step, directory)
+  with _reader(directory) as manager:
+    restored = manager.restore(step, args=ocp.args.Composite(
+        params=ocp.args.StandardRestore(abstract_params)))
+  return restored["params"]
