@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from bertjax.create import demo
-from bertjax.create import records
+from bertjax.create import tasks
 from bertjax.records import schema
+import data_utils
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +36,7 @@ def test_paths_and_layout(built):
       assert md.max_seq_length == length
       assert md.max_predictions_per_seq == demo.PHASES[length]
       assert [os.path.basename(f) for f in files] == [f["name"] for f in md.files]
-      assert sum(records.check_index(f) for f in files) == md.num_instances
+      assert sum(data_utils.check_index(f) for f in files) == md.num_instances
   train_128 = schema.read_metadata(os.path.dirname(built["train"][128]))
   assert train_128.num_instances >= 3000
   assert schema.read_metadata(os.path.dirname(built["eval"][128])).num_instances >= 200
@@ -68,8 +69,8 @@ def test_vocab_and_tokens_are_sensible(built):
   path = sorted(glob.glob(built["train"][128]))[0]
   ids = []
   nsp = []
-  for data in list(records.iter_records(path))[:500]:
-    ex = records.decode_example(data)
+  for data in list(data_utils.iter_records(path))[:500]:
+    ex = data_utils.decode_example(data)
     n = int(ex["input_mask"].sum())
     ids.extend(ex["input_ids"][:n].tolist())
     nsp.append(int(ex["next_sentence_labels"][0]))
@@ -87,8 +88,7 @@ def test_idempotent(built):
 
 
 def test_resumes_after_an_interruption(built, tmp_path, monkeypatch):
-  from bertjax.create import creation  # pylint: disable=g-import-not-at-top
-  real_reduce = creation._reduce_task  # pylint: disable=protected-access
+  real_reduce = tasks.reduce_task
 
   def interrupted(shard_index, output_dir, *args):
     if output_dir.endswith("train_512") and shard_index == 2:
@@ -104,11 +104,11 @@ def test_resumes_after_an_interruption(built, tmp_path, monkeypatch):
       data = f.read()
     with open(built[key].replace(built["data_dir"], data_dir), "wb") as f:
       f.write(data)
-  monkeypatch.setattr(creation, "_reduce_task", interrupted)
+  monkeypatch.setattr(tasks, "reduce_task", interrupted)
   with pytest.raises(KeyboardInterrupt):
     demo.ensure_demo_data(data_dir, log=lambda *a: None)
   assert schema.read_metadata(os.path.join(data_dir, "train_512")) is None
-  monkeypatch.setattr(creation, "_reduce_task", real_reduce)
+  monkeypatch.setattr(tasks, "reduce_task", real_reduce)
   paths = demo.ensure_demo_data(data_dir, log=lambda *a: None)
   for split in ("train", "eval"):
     for length in (128, 512):

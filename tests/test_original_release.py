@@ -2,7 +2,6 @@
 bert-tensorflow): the same tokens, records each side reads, the same
 statistics from create_pretraining_data.py on the same corpus and vocab."""
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -10,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from bertjax.create import creation
 from bertjax.create import demo
@@ -17,19 +17,9 @@ from bertjax.create import documents
 from bertjax.input import pipeline
 from bertjax.records import schema
 from bertjax.text import vocab as vocab_lib
+import data_utils
 
 
-def _have_original():
-  try:
-    return importlib.util.find_spec("bert.create_pretraining_data") is not None
-  except ImportError:
-    return False
-
-
-pytestmark = pytest.mark.skipif(
-    not _have_original(), reason="the original release (bert-tensorflow) is "
-    "not installed")
-tf = pytest.importorskip("tensorflow")
 
 HELPER = os.path.join(os.path.dirname(__file__), "original_release.py")
 L, P, DUPE = 128, 20, 10
@@ -71,23 +61,14 @@ def made(tmp_path_factory):
 
 
 def _parse(files):
-  spec = {name: tf.io.FixedLenFeature(
-      [schema.feature_length(name, L, P)],
-      tf.float32 if dtype == "float32" else tf.int64)
-          for name, (dtype, _) in schema.FEATURES.items()}
-  out = {}
-  for ex in tf.data.TFRecordDataset(files).batch(1024).map(
-      lambda x: tf.io.parse_example(x, spec)).as_numpy_iterator():
-    for k, v in ex.items():
-      out.setdefault(k, []).append(v)
-  return {k: np.concatenate(v) for k, v in out.items()}
+  return data_utils.parse_files(files, L, P)
 
 
 def test_tokens_equal_the_originals_tokenizer(made, tmp_path):
   with open(made["corpus"], encoding="utf-8") as f:
     texts = [line for line in f.read().split("\n") if line.strip()]
   texts += ["Tabs\tand\rreturns, a\x00nul, \x07bell, \x1bescape, del\x7f.",
-            "x" * 99 + " " + "Z" * 100,
+            "x" * 99 + " " + "Z" * 100 + " " + "y" * 200 + " " + "w" * 201,
             "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~ mixed-up_snake__case",
             "Numbers 3.14159, 1e-10 and 0x7F; URLs https://x.org/a?b=c.",
             "Café naïve Ωmega 中文 \u200b zero\u00a0width", "", "   "]
@@ -101,13 +82,9 @@ def test_tokens_equal_the_originals_tokenizer(made, tmp_path):
     bad = [(t, g, w) for t, g, w in zip(texts, got, want) if g != w]
     assert not bad, bad[:3]
   assert sum(map(len, want)) > 50000
-  # The one known difference: the release splits words of up to 200
-  # characters; bertjax, like transformers.BertTokenizer, up to 100.
-  in_json.write_text(json.dumps(["y" * 101]))
-  _run(HELPER, "tokenize", made["vocab"], 1, in_json, out_json)
-  assert tok.tokenize("y" * 101) == ["[UNK]"]
-  assert "[UNK]" not in tok.convert_ids_to_tokens(
-      json.loads(out_json.read_text())[0])
+  # Words of up to 200 characters are split, longer ones are [UNK].
+  assert "[UNK]" not in tok.tokenize("y" * 200)
+  assert tok.tokenize("y" * 201) == ["[UNK]"]
 
 
 def test_bertjax_reads_the_originals_records(made):
@@ -185,3 +162,28 @@ def test_same_statistics_as_the_original(made):
   # The same tokens, in the same proportions.
   a, b = ours["counts"].astype(float), orig["counts"].astype(float)
   assert a @ b / np.sqrt((a @ a) * (b @ b)) > 0.999
+
+
+def test_random_next_from_other_files_at_the_originals_rate(tmp_path):
+  # 4 files of 300 documents, each file with its own words: the share of
+  # random-next B segments taken from A's own file, for the original script
+  # and for bertjax on the same files (expected 299/1199 = 24.9%).
+  paths, vocab = data_utils.write_files_corpus(str(tmp_path / "corpus"), 4, 300)
+  original = tmp_path / "original.tfrecord"
+  _run("-m", "bert.create_pretraining_data", f"--input_file={','.join(paths)}",
+       f"--output_file={original}", f"--vocab_file={vocab}",
+       "--do_lower_case=True", "--max_seq_length=64",
+       "--max_predictions_per_seq=8", "--dupe_factor=2", "--random_seed=7")
+  ours = str(tmp_path / "ours")
+  creation.create_pretraining_data(
+      documents.list_input_shards(",".join(paths)),
+      creation.TokenizerSpec("wordpiece", vocab, True),
+      creation.CreationConfig(max_seq_length=64, max_predictions_per_seq=8,
+                              dupe_factor=2, num_output_shards=1),
+      ours, num_workers=1, show_progress=False, log=lambda *a: None)
+  orig_share, _ = data_utils.own_file_share(
+      data_utils.parse_files([str(original)], 64, 8), vocab, 4)
+  our_share, _ = data_utils.own_file_share(
+      data_utils.parse_dataset(ours), vocab, 4)
+  assert abs(orig_share - 299 / 1199) < 0.05, orig_share
+  assert abs(our_share - orig_share) < 0.06, (our_share, orig_share)
