@@ -41,6 +41,11 @@ setuptools.setup(
         "test": [
             "pytest>=8",
             "pytest-xdist>=3",
+            # The Colab notebook, run top to bottom by the tests.
+            "nbclient>=0.10",
+            "nbformat>=5.9",
+            "ipykernel>=6.29",
+            "matplotlib>=3.8",
             # Reference implementation for parity tests (Flax BERT, no PyTorch).
             "transformers>=4.40,<5",
             # The original release's tokenizer, data creation and input

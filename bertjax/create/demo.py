@@ -274,11 +274,12 @@ def _write_demo_text(paths, eval_fraction, seed, log) -> None:
       f"evaluation documents in {os.path.dirname(paths['train_text'])}")
 
 
-def prepare_config(config, workdir: str) -> Optional[dict]:
+def prepare_config(config, workdir: str, **data_options) -> Optional[dict]:
   """Builds the demo data when `config.data.demo_dir` names a directory, and
   points every phase's train_files and eval_files at it.
 
-  A relative demo_dir is taken inside `workdir`. Returns the paths of
+  A relative demo_dir is taken inside `workdir`; `data_options` go to
+  `ensure_demo_data` (e.g. dupe_factor). Returns the paths of
   `ensure_demo_data`, or None when the config uses no demo data.
   """
   if not config.data.demo_dir:
@@ -286,7 +287,7 @@ def prepare_config(config, workdir: str) -> Optional[dict]:
   demo_dir = config.data.demo_dir
   if not os.path.isabs(demo_dir) and "://" not in demo_dir:
     demo_dir = os.path.join(workdir, demo_dir)
-  paths = ensure_demo_data(demo_dir)
+  paths = ensure_demo_data(demo_dir, **data_options)
   for name, phase in config.phases.items():
     length = phase.max_seq_length
     if length not in paths.get("train", {}):
