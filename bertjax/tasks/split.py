@@ -1,0 +1,37 @@
+"""One split of a task's data, ready for the model, and how its predictions score."""
+
+import dataclasses
+from typing import Any, Callable
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class Split:
+  """`arrays`: model inputs and labels, leading axis one row per example
+  (input_ids, input_mask, segment_ids, labels, ...). `score(outputs)` turns the
+  model's outputs for every row, in order, into metrics; `extra` holds what a
+  task's scoring or output files need besides (e.g. SQuAD's examples)."""
+  name: str
+  arrays: dict[str, np.ndarray]
+  score: Callable[[Any], dict[str, float]]
+  extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+  def __len__(self) -> int:
+    return len(next(iter(self.arrays.values())))
+
+
+class LabelError(ValueError):
+  pass
+
+
+def label_ids(labels: list, known: tuple[str, ...], where: list[str], task: str) -> np.ndarray:
+  """Label strings -> their index in `known`; a label outside it names its file and line."""
+  index = {label: i for i, label in enumerate(known)}
+  out = np.empty(len(labels), np.int32)
+  for i, label in enumerate(labels):
+    if label not in index:
+      raise LabelError(f"{where[i]}: label {label!r} is not one of task {task}'s labels "
+                       f"{list(known)}")
+    out[i] = index[label]
+  return out
