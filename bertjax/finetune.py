@@ -10,6 +10,9 @@ one run per subdirectory, and DIR/results.json reports the best with every
 run's figures.
 """
 
+import json
+import os
+
 from absl import app
 from absl import flags
 from absl import logging
@@ -26,6 +29,38 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, TensorBoard events
                                "results.json go here (local path or gs://).", required=True)
 
 
+_ARCHITECTURE = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                 "max_position_embeddings", "type_vocab_size")
+
+
+def load_encoder_weights(path: str, abstract_params, model_config):
+  """load_weights, after checking a bertjax checkpoint's recorded architecture
+  against --config.model field by field (Hugging Face directories are checked
+  by load_weights against their config.json)."""
+  recorded = _recorded_architecture(path)
+  for field in _ARCHITECTURE:
+    if field in recorded and recorded[field] != getattr(model_config, field):
+      raise ValueError(
+          f"--config.model.{field}={getattr(model_config, field)} but the checkpoint "
+          f"in --config.init_from={path} has {field}={recorded[field]}")
+  return load_weights(path, abstract_params, model_config)
+
+
+def _recorded_architecture(path: str) -> dict:
+  """The model fields a bertjax checkpoint's meta records ({} for other formats)."""
+  if not os.path.isdir(path) or os.path.exists(os.path.join(path, "config.json")):
+    return {}
+  steps = [path] if os.path.isdir(os.path.join(path, "meta")) else sorted(
+      (os.path.join(path, d) for d in os.listdir(path)
+       if d.isdigit() and os.path.isdir(os.path.join(path, d, "meta"))),
+      key=lambda d: int(os.path.basename(d)))
+  meta_path = os.path.join(steps[-1], "meta", "metadata") if steps else ""
+  if not os.path.exists(meta_path):
+    return {}
+  with open(meta_path, encoding="utf-8") as f:
+    return json.load(f).get("model", {})
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -33,9 +68,9 @@ def main(argv):
                jax.process_count(), jax.device_count(), jax.devices()[0].device_kind)
   config = _CONFIG.value
   if config.sweep.enabled:
-    loop.sweep(config, _WORKDIR.value, weights_loader=load_weights)
+    loop.sweep(config, _WORKDIR.value, weights_loader=load_encoder_weights)
   else:
-    loop.finetune_and_evaluate(config, _WORKDIR.value, weights_loader=load_weights)
+    loop.finetune_and_evaluate(config, _WORKDIR.value, weights_loader=load_encoder_weights)
 
 
 def run():
