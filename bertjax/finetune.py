@@ -12,6 +12,7 @@ run's figures.
 
 import json
 import os
+import sys
 
 from absl import app
 from absl import flags
@@ -29,6 +30,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, TensorBoard events
                                "results.json go here (local path or gs://).", required=True)
 
 
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _ARCHITECTURE = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
                  "max_position_embeddings", "type_vocab_size")
 
@@ -66,11 +68,38 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   logging.info("JAX process %d of %d, %d devices (%s).", jax.process_index(),
                jax.process_count(), jax.device_count(), jax.devices()[0].device_kind)
-  config = _CONFIG.value
+  finetune(_CONFIG.value, _WORKDIR.value)
+
+
+def finetune(config, workdir: str) -> dict:
+  """The run the config asks for: one fine-tuning, the sweep, or the comparison
+  with random initialisation."""
+  if config.within_workdir:
+    for field in ("init_from", "data_dir", "vocab_file"):
+      if config[field] and not os.path.isabs(config[field]) and "://" not in config[field]:
+        config[field] = os.path.join(workdir, config[field])
+    workdir = os.path.join(workdir, "downstream")
   if config.sweep.enabled:
-    loop.sweep(config, _WORKDIR.value, weights_loader=load_encoder_weights)
-  else:
-    loop.finetune_and_evaluate(config, _WORKDIR.value, weights_loader=load_encoder_weights)
+    return loop.sweep(config, workdir, weights_loader=load_encoder_weights)
+  if config.random_init_baseline:
+    return loop.compare_with_random_init(config, workdir, weights_loader=load_encoder_weights)
+  return loop.finetune_and_evaluate(config, workdir, weights_loader=load_encoder_weights)
+
+
+def demo_downstream(workdir: str) -> dict:
+  """The demo's downstream step (configs/finetune/demo.py) after the demo's
+  pretraining in `workdir`; adds both dev scores to workdir/summary.json."""
+  sys.path.insert(0, os.path.join(_REPO, "configs", "finetune"))
+  import demo  # pylint: disable=g-import-not-at-top
+  result = finetune(demo.get_config(), workdir)
+  summary_path = os.path.join(workdir, "summary.json")
+  if jax.process_index() == 0 and os.path.exists(summary_path):
+    with open(summary_path, encoding="utf-8") as f:
+      summary = json.load(f)
+    summary["downstream"] = result
+    with open(summary_path, "w", encoding="utf-8") as f:
+      f.write(json.dumps(summary, indent=2, sort_keys=True))
+  return result
 
 
 def run():

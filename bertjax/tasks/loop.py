@@ -250,3 +250,29 @@ def sweep(config: ml_collections.ConfigDict, workdir: str,
     fileio.write_text(os.path.join(workdir, RESULTS),
                       json.dumps(summary, indent=2, sort_keys=True))
   return summary
+
+
+def compare_with_random_init(config: ml_collections.ConfigDict, workdir: str,
+                             weights_loader: Optional[WeightsLoader] = None) -> dict[str, Any]:
+  """Fine-tunes from config.init_from (workdir/pretrained) and from random
+  initialisation (workdir/random_init) with the same data, steps and settings;
+  results.json holds both runs' dev figures."""
+  prepared = prepare(config)
+  pretrained = finetune_and_evaluate(config, os.path.join(workdir, "pretrained"),
+                                     weights_loader, prepared)
+  random_config = ml_collections.ConfigDict(config.to_dict())
+  random_config.init_from = ""
+  random_init = finetune_and_evaluate(random_config, os.path.join(workdir, "random_init"),
+                                      None, prepared)
+  split = prepared.task.dev_splits[0]
+  summary = {"task": prepared.task.name, "primary_metric": prepared.task.primary,
+             "primary_split": split, "steps": pretrained["steps"],
+             "init_from": config.init_from,
+             "pretrained": pretrained["dev"], "random_init": random_init["dev"]}
+  logging.info("Dev %s on %s: %.4f fine-tuned from %s, %.4f from random initialisation.",
+               prepared.task.primary, split, primary_score(prepared.task, pretrained),
+               config.init_from, primary_score(prepared.task, random_init))
+  if jax.process_index() == 0:
+    fileio.write_text(os.path.join(workdir, RESULTS),
+                      json.dumps(summary, indent=2, sort_keys=True))
+  return summary

@@ -8,7 +8,10 @@ import jax.numpy as jnp
 
 from bertjax.model import heads
 from bertjax.model.config import BertConfig
+from bertjax.tasks import conll
 from bertjax.tasks import glue
+from bertjax.tasks import same_document
+from bertjax.tasks import swag
 from bertjax.tasks.split import Split
 
 
@@ -33,11 +36,11 @@ def _glue(t: glue.GlueTask) -> Task:
 
 
 TASKS: dict[str, Task] = {name: _glue(t) for name, t in glue.TASKS.items()}
-
-
-def register(task: Task) -> Task:
-  TASKS[task.name] = task
-  return task
+TASKS["conll2003"] = Task("conll2003", "token", len(conll.LABELS), ("dev",), "f1", conll.load)
+TASKS["swag"] = Task("swag", "multiple_choice", 1, ("dev",), "accuracy", swag.load,
+                     num_choices=swag.NUM_CHOICES)
+TASKS["same_document"] = Task("same_document", "classification", 2, ("dev",), "accuracy",
+                              same_document.load)
 
 
 def get_task(name: str) -> Task:

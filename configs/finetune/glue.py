@@ -35,6 +35,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.global_batch_size = 32  # Training examples per step over all hosts.
   config.eval_batch_size = 32  # Dev examples per prediction step over all hosts.
   config.warmup_proportion = 0.1  # Share of the steps with linear warmup; then linear decay to 0.
+  config.random_init_baseline = False  # Also fine-tune from random initialisation with the same budget; report both.
+  config.within_workdir = False  # True: init_from, data_dir and vocab_file are relative to --workdir, runs go to WORKDIR/downstream.
 
   # The architecture of the checkpoint in init_from (bertjax.model.config.BertConfig).
   config.model = pretraining.model
