@@ -19,6 +19,7 @@ _ALLOWED = {
     "input": {"records", "input"},
     "model": {"model"},
     "train": {"records", "input", "model", "train"},
+    "tasks": {"records", "text", "input", "model", "train", "tasks"},
     "convert": {"records", "text", "model", "train", "convert"},
 }
 

@@ -1,0 +1,1 @@
+"""Fine-tuning tasks: task data, heads' inputs and outputs, and metrics."""
