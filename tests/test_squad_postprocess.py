@@ -9,6 +9,7 @@ import pytest
 
 from bertjax.records import schema
 from bertjax.tasks import squad_data
+from bertjax.tasks import squad_eval
 from bertjax.tasks import squad_postprocess
 from bertjax.text import tokenization
 
@@ -136,3 +137,25 @@ def test_missing_results_are_named(made):
   examples, features = made
   with pytest.raises(ValueError, match="no result for feature 1000000000"):
     squad_postprocess.write_predictions(examples, features, {})
+
+
+def test_best_null_threshold_is_the_best_f1_on_the_data(tmp_path):
+  # Hand-made n-best lists and null odds for four questions.
+  golds = {"a": ["Paris"], "b": [], "c": ["Seine"], "d": []}
+  nbest = {q: [{"text": t, "start_logit": 0.0, "end_logit": 0.0}, {"text": ""}]
+           for q, t in (("a", "Paris"), ("b", "Lyon"), ("c", "river"),
+                        ("d", "Nice"))}
+  odds = {"a": -2.0, "b": 1.0, "c": -0.5, "d": -1.0}
+  dataset = {"data": [{"title": "t", "paragraphs": [{"context": "x", "qas": [
+      {"id": q, "question": "?", "answers": [{"text": t, "answer_start": 0}
+                                             for t in texts]}
+      for q, texts in golds.items()]}]}]}
+  best = squad_eval.best_null_threshold(dataset, nbest, odds)
+  # Answering only a (threshold in [-2, -1)) is best: a 1, b 1, c 0, d 1.
+  assert best["best_f1_thresh"] == -2.0
+  assert best["best_f1"] == pytest.approx(75.0)
+  predictions = squad_postprocess.predictions_at_threshold(
+      nbest, odds, best["best_f1_thresh"])
+  assert predictions == {"a": "Paris", "b": "", "c": "", "d": ""}
+  rescored = squad_eval.evaluate_v2(dataset, predictions, None)
+  assert rescored["f1"] == pytest.approx(best["best_f1"])

@@ -12,9 +12,9 @@ probability `na_probs[qid]` exceeds `na_prob_thresh` counts as "". Scores
 come overall and split into HasAns / NoAns; with `na_probs` given,
 `best_exact` / `best_f1` are the scores at the best threshold and
 `best_exact_thresh` / `best_f1_thresh` those thresholds (the official
-`find_best_thresh`). With the null odds of `write_predictions` as `na_probs`
-and the predictions made without a threshold, `best_f1_thresh` is the
-`null_score_diff_threshold` to use.
+`find_best_thresh`). `best_null_threshold` runs that search on the n-best
+lists and null odds of `squad_postprocess.write_predictions`: its
+`best_f1_thresh` is the `null_score_diff_threshold` with the best F1.
 
 `dataset` is anything `squad_data.load_articles` reads: a SQuAD JSON path,
 its parsed dict, its "data" list, or TFDS squad records.
@@ -22,11 +22,13 @@ its parsed dict, its "data" list, or TFDS squad records.
 
 import collections
 import logging
+import math
 import re
 import string
 from typing import Mapping, Optional
 
 from bertjax.tasks import squad_data
+from bertjax.tasks import squad_postprocess
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
 _PUNCTUATION = frozenset(string.punctuation)
@@ -174,3 +176,14 @@ def evaluate_v2(dataset, predictions: Mapping[str, str],
       best, thresh = find_best_threshold(predictions, raw, probs, has_answer)
       out[f"best_{name}"], out[f"best_{name}_thresh"] = best, thresh
   return out
+
+
+def best_null_threshold(dataset, nbest: Mapping, null_odds: Mapping[str, float]
+                        ) -> dict:
+  """{best_exact, best_exact_thresh, best_f1, best_f1_thresh} over every
+  v2.0 null_score_diff_threshold: questions are answered (with their best
+  non-null span) in order of rising null odds."""
+  predictions = squad_postprocess.predictions_at_threshold(nbest, null_odds,
+                                                           math.inf)
+  result = evaluate_v2(dataset, predictions, null_odds)
+  return {k: v for k, v in result.items() if k.startswith("best_")}
