@@ -1,1 +1,2 @@
-"""Fine-tuning tasks: task data, heads' inputs and outputs, and metrics."""
+"""Fine-tuning: task data (GLUE, CoNLL-2003 NER, SWAG, SQuAD), features, metrics,
+the fine-tuning steps and loop on top of the training machinery."""
