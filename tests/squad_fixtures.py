@@ -3,6 +3,8 @@
 import json
 import os
 
+import numpy as np
+
 from bertjax.records import schema
 from bertjax.tasks import squad_postprocess
 from bertjax.text import tokenization
@@ -58,8 +60,9 @@ def squad_v1() -> dict:
 def squad_v2() -> dict:
   """v1's data plus unanswerable questions (is_impossible, no answers)."""
   data = squad_v1()
-  for qa in (q for a in data["data"] for p in a["paragraphs"] for q in p["qas"]):
-    qa["is_impossible"] = False
+  for article in data["data"]:
+    for qa in article["paragraphs"][0]["qas"]:
+      qa["is_impossible"] = False
   long_qas = data["data"][0]["paragraphs"][0]["qas"]
   long_qas.insert(2, {"id": "q_none", "question": "Who built the towers in "
                       "Munich?", "answers": [], "is_impossible": True,
@@ -69,6 +72,28 @@ def squad_v2() -> dict:
        "answers": [], "is_impossible": True})
   data["version"] = "v2.0"
   return data
+
+
+def tfds_records(data: dict):
+  """Records as tfds.as_numpy gives squad/v1.1's or squad/v2.0's: bytes and
+  numpy arrays (v2.0's is_impossible and plausible_answers where the data
+  has is_impossible)."""
+  def answers(items):
+    return {"text": np.array([a["text"].encode() for a in items], object),
+            "answer_start": np.array([a["answer_start"] for a in items],
+                                     np.int32)}
+  for article in data["data"]:
+    for paragraph in article["paragraphs"]:
+      for qa in paragraph["qas"]:
+        record = {"id": qa["id"].encode(), "title": article["title"].encode(),
+                  "context": paragraph["context"].encode(),
+                  "question": qa["question"].encode(),
+                  "answers": answers(qa["answers"])}
+        if "is_impossible" in qa:
+          record["is_impossible"] = np.bool_(qa["is_impossible"])
+          record["plausible_answers"] = answers(
+              qa.get("plausible_answers", []))
+        yield record
 
 
 def write_json(path, data) -> str:

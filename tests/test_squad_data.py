@@ -69,31 +69,12 @@ def test_v2_unanswerable_questions():
   assert [e.is_impossible for e in examples] == [False, True]
 
 
-def _tfds_like(data):
-  """Records as tfds.as_numpy gives squad/v2.0's: bytes and numpy arrays."""
-  for article in data["data"]:
-    for paragraph in article["paragraphs"]:
-      for qa in paragraph["qas"]:
-        yield {
-            "id": qa["id"].encode(), "title": article["title"].encode(),
-            "context": paragraph["context"].encode(),
-            "question": qa["question"].encode(),
-            "is_impossible": np.bool_(qa["is_impossible"]),
-            "answers": {
-                "text": np.array([a["text"].encode() for a in qa["answers"]],
-                                 object),
-                "answer_start": np.array([a["answer_start"]
-                                          for a in qa["answers"]], np.int32)},
-            "plausible_answers": {"text": np.array([], object),
-                                  "answer_start": np.array([], np.int32)}}
-
-
 @pytest.mark.parametrize("is_training", [True, False])
 def test_tfds_records_read_like_the_json(is_training):
   data = squad_fixtures.squad_v2()
   from_json = squad_data.read_squad_examples(data, is_training, True)
-  from_records = squad_data.read_squad_examples(_tfds_like(data), is_training,
-                                                True)
+  from_records = squad_data.read_squad_examples(
+      squad_fixtures.tfds_records(data), is_training, True)
   assert from_records == from_json
 
 
@@ -110,8 +91,8 @@ def test_tfds_load_under_mock_data_reads_like_the_json():
 
   def as_dataset(*args, **kwargs):
     del args, kwargs
-    return tf.data.Dataset.from_generator(lambda: _tfds_like(data),
-                                          output_signature=signature)
+    return tf.data.Dataset.from_generator(
+        lambda: squad_fixtures.tfds_records(data), output_signature=signature)
   with tfds.testing.mock_data(as_dataset_fn=as_dataset):
     dataset = tfds.load("squad/v2.0", split="train")
   assert squad_data.read_squad_examples(dataset, True, True) == (
@@ -148,7 +129,8 @@ def test_training_needs_exactly_one_answer():
 
 
 def test_bad_records_name_the_record():
-  with pytest.raises(ValueError, match=r"records\[1\]: missing field 'context'"):
+  with pytest.raises(ValueError,
+                     match=r"records\[1\]: missing field 'context'"):
     squad_data.read_squad_examples(
         [{"id": "a", "context": "c", "question": "q",
           "answers": {"text": [], "answer_start": []}},

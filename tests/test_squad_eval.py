@@ -6,6 +6,7 @@ import types
 import numpy as np
 import pytest
 
+import squad_fixtures
 from bertjax.tasks import squad_eval
 
 
@@ -137,3 +138,19 @@ def test_v2_matches_transformers_port_of_the_official_script():
     for key, value in theirs.items():
       assert ours[key] == pytest.approx(value), key
   assert 0 < ours["NoAns_total"] < ours["total"]
+
+
+def test_scores_from_tfds_records_equal_those_from_the_json():
+  data = squad_fixtures.squad_v2()
+  preds = {qa["id"]: (qa["answers"][0]["text"][1:] if qa["answers"] else "")
+           for a in data["data"] for p in a["paragraphs"] for qa in p["qas"]}
+  probs = {qid: i / 10 for i, qid in enumerate(preds)}
+  from_json = squad_eval.evaluate_v2(data, preds, probs)
+  records = list(squad_fixtures.tfds_records(data))
+  assert squad_eval.evaluate_v2(records, preds, probs) == from_json
+  assert 0 < from_json["HasAns_f1"] < 100 and from_json["NoAns_exact"] == 100
+  v1 = squad_fixtures.squad_v1()
+  v1_preds = {k: v for k, v in preds.items() if not k.startswith("q_none")}
+  assert squad_eval.evaluate_v1(
+      list(squad_fixtures.tfds_records(v1)), v1_preds) == (
+          squad_eval.evaluate_v1(v1, v1_preds))

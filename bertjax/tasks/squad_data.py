@@ -248,7 +248,12 @@ def _training_example(qa, where, words, char_to_word, version_2
 def read_squad_examples(source: Any, is_training: bool, version_2: bool = False
                         ) -> tuple[list[SquadExample], int]:
   """(examples, number of questions skipped because their answer text does
-  not match the context at answer_start). Only training reads answers."""
+  not match the context at answer_start).
+
+  Only training reads answers; evaluation examples carry none (and
+  is_impossible False), as in the original: scoring reads the gold answers
+  from the data (squad_eval).
+  """
   articles, name = load_articles(source)
   examples, skipped = [], 0
   for context, qas in iter_paragraphs(articles, name):
@@ -323,8 +328,8 @@ class _Pieces:
     words = list(dict.fromkeys(w for e in examples for w in e.doc_tokens))
     self.word = dict(zip(words, tokenizer.encode_batch(words)))
     self.question = tokenizer.encode_batch([e.question_text for e in examples])
-    answers = [e.orig_answer_text or "" for e in examples] if is_training else []
-    self.answer = tokenizer.encode_batch(answers)
+    self.answer = tokenizer.encode_batch(
+        [e.orig_answer_text or "" for e in examples] if is_training else [])
 
 
 def _doc_pieces(example: SquadExample, word_pieces: dict[str, list[int]]

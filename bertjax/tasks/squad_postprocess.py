@@ -194,7 +194,8 @@ def predictions_at_threshold(nbest: Mapping[str, Sequence[Mapping]],
   out = {}
   for qid, entries in nbest.items():
     best = best_non_null(entries)
-    out[qid] = "" if best is None or null_odds[qid] > threshold else best["text"]
+    null = best is None or null_odds[qid] > threshold
+    out[qid] = "" if null else best["text"]
   return out
 
 
