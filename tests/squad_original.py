@@ -2,9 +2,9 @@
 
 In a process of its own: the release defines absl flags at import time.
 
-  python squad_original.py SPEC_JSON OUT_DIR
+  python squad_original.py SPEC_JSON OUT_DIR [SPEC_JSON OUT_DIR ...]
 
-SPEC_JSON holds vocab, lower, data (a SQuAD JSON path), version_2,
+Each SPEC_JSON holds vocab, lower, data (a SQuAD JSON path), version_2,
 max_seq_length, doc_stride, max_query_length and, optionally, logits (an
 .npz with unique_ids, start_logits, end_logits), n_best_size,
 max_answer_length and threshold. Writes OUT_DIR/train_features.json and
@@ -37,9 +37,7 @@ def _as_json(feature):
   return out
 
 
-def main(spec_path, out_dir):
-  for name in ("bert.modeling", "bert.optimization"):
-    sys.modules[name] = types.ModuleType(name)  # Need TF1's tf.contrib.
+def run(spec_path, out_dir):
   from absl import flags  # pylint: disable=g-import-not-at-top
   from bert import run_squad  # pylint: disable=g-import-not-at-top
   from bert import tokenization  # pylint: disable=g-import-not-at-top
@@ -70,4 +68,8 @@ def main(spec_path, out_dir):
 
 
 if __name__ == "__main__":
-  main(sys.argv[1], sys.argv[2])
+  for module in ("bert.modeling", "bert.optimization"):
+    sys.modules[module] = types.ModuleType(module)  # Need TF1's tf.contrib.
+  args = sys.argv[1:]
+  for i in range(0, len(args), 2):
+    run(args[i], args[i + 1])

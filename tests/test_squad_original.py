@@ -42,10 +42,8 @@ def _logits(features, seed):
   return start, end
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["v1", "v2"])
-def run(request, tmp_path_factory):
-  version_2 = request.param
-  root = tmp_path_factory.mktemp("squad_v2" if version_2 else "squad_v1")
+def _prepare(root, version_2):
+  """Our predictions in root/ours; the helper's spec for the original's."""
   data = squad_fixtures.squad_v2() if version_2 else squad_fixtures.squad_v1()
   path = squad_fixtures.write_json(root / "data.json", data)
   tok = squad_fixtures.tokenizer(str(root), data)
@@ -54,22 +52,34 @@ def run(request, tmp_path_factory):
   logits = str(root / "logits.npz")
   np.savez(logits, unique_ids=[f.unique_id for f in features],
            start_logits=start, end_logits=end)
-  spec = dict(vocab=tok.path, lower=True, data=path, version_2=version_2,
-              logits=logits, n_best_size=N_BEST, max_answer_length=MAX_ANSWER,
-              threshold=-1.5, **LENGTHS)
-  spec_path = squad_fixtures.write_json(root / "spec.json", spec)
-  out = root / "original"
-  out.mkdir()
-  result = subprocess.run([sys.executable, HELPER, spec_path, str(out)],
-                          capture_output=True, text=True, timeout=600,
-                          check=False)
-  assert result.returncode == 0, result.stderr[-3000:]
   results = {f.unique_id: (s, e) for f, s, e in zip(features, start, end)}
   ours = squad_postprocess.write_predictions(
       examples, features, results, N_BEST, MAX_ANSWER, True, version_2, -1.5,
       output_dir=str(root / "ours"))
-  return dict(root=root, out=out, path=path, tok=tok, version_2=version_2,
-              ours=ours)
+  spec = dict(vocab=tok.path, lower=True, data=path, version_2=version_2,
+              logits=logits, n_best_size=N_BEST, max_answer_length=MAX_ANSWER,
+              threshold=-1.5, **LENGTHS)
+  (root / "original").mkdir()
+  return dict(root=root, out=root / "original", path=path, tok=tok,
+              version_2=version_2, ours=ours,
+              spec=squad_fixtures.write_json(root / "spec.json", spec))
+
+
+@pytest.fixture(scope="module", name="runs")
+def _runs(tmp_path_factory):
+  """v1.1 and v2.0, the original's side in one process."""
+  runs = {v2: _prepare(tmp_path_factory.mktemp(f"squad_v2_{v2}"), v2)
+          for v2 in (False, True)}
+  args = [str(x) for r in runs.values() for x in (r["spec"], r["out"])]
+  result = subprocess.run([sys.executable, HELPER, *args], capture_output=True,
+                          text=True, timeout=600, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return runs
+
+
+@pytest.fixture(params=[False, True], ids=["v1", "v2"], name="run")
+def _run(runs, request):
+  return runs[request.param]
 
 
 def _load(path):

@@ -24,7 +24,7 @@ import functools
 import json
 import math
 import os
-from typing import Mapping, NamedTuple, Optional, Sequence
+from typing import Iterator, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -50,23 +50,25 @@ def _basic(do_lower_case: bool):
 
 
 def basic_tokens(text: str, do_lower_case: bool) -> list[str]:
-  """The original's BasicTokenizer(do_lower_case).tokenize(text)."""
+  """Basic tokens of `text` as the WordPiece tokenizer's first step makes
+  them: the original's BasicTokenizer(do_lower_case).tokenize(text), up to
+  the differences basic_tokenizer.py lists."""
   basic, normalizer, pre_tokenizer = _basic(do_lower_case)
   normalized = normalizer.normalize_str(basic.prepare(text))
   return [token for token, _ in pre_tokenizer.pre_tokenize_str(normalized)]
 
 
-def _strip_spaces(text: str) -> tuple[str, list[int]]:
-  """(text without spaces, each kept character's index in `text`)."""
-  kept = [i for i, ch in enumerate(text) if ch != " "]
-  return "".join(text[i] for i in kept), kept
+def _non_spaces(text: str) -> np.ndarray:
+  """Indexes of the characters of `text` other than " "."""
+  codes = np.frombuffer(text.encode("utf-32-le"), np.uint32)
+  return np.flatnonzero(codes != ord(" "))
 
 
 def get_final_text(pred_text: str, orig_text: str, do_lower_case: bool) -> str:
   """The part of `orig_text` that `pred_text` (normalised pieces) covers.
 
   `orig_text` is basic-tokenized; where pred_text is found in it and the two
-  have the same characters once spaces are removed, the characters align one
+  have as many characters once spaces are removed, the characters align one
   to one and the matching stretch of orig_text is returned. Otherwise the
   whole orig_text is (the original's fallback).
   """
@@ -75,15 +77,16 @@ def get_final_text(pred_text: str, orig_text: str, do_lower_case: bool) -> str:
   if start == -1:
     return orig_text
   end = start + len(pred_text) - 1
-  orig_chars, orig_index = _strip_spaces(orig_text)
-  tok_chars, tok_index = _strip_spaces(tok_text)
+  orig_chars, tok_chars = _non_spaces(orig_text), _non_spaces(tok_text)
   if len(orig_chars) != len(tok_chars):
     return orig_text
-  tok_to_stripped = {s: ns for ns, s in enumerate(tok_index)}
-  if start not in tok_to_stripped or end not in tok_to_stripped:
+  # The rank of pred_text's first and last characters among tok_text's
+  # non-spaces; neither may be a space.
+  first, last = np.searchsorted(tok_chars, [start, end])
+  if (last >= len(tok_chars) or tok_chars[first] != start
+      or tok_chars[last] != end):
     return orig_text
-  return orig_text[orig_index[tok_to_stripped[start]]:
-                   orig_index[tok_to_stripped[end]] + 1]
+  return orig_text[orig_chars[first]:orig_chars[last] + 1]
 
 
 def compute_softmax(scores: Sequence[float]) -> list[float]:
@@ -100,21 +103,20 @@ def best_indexes(logits: np.ndarray, n_best_size: int) -> np.ndarray:
   return np.argsort(-logits, kind="stable")[:n_best_size]
 
 
-def _feature_candidates(feature_index, feature, start_logits, end_logits,
-                        n_best_size, max_answer_length) -> list[_Candidate]:
-  """Valid spans of one window, start-major over the best indexes."""
-  starts, ends = np.meshgrid(best_indexes(start_logits, n_best_size),
-                             best_indexes(end_logits, n_best_size),
-                             indexing="ij")
+def _feature_spans(feature, start_logits, end_logits, n_best_size,
+                   max_answer_length) -> tuple[np.ndarray, np.ndarray]:
+  """(starts, ends) of one window's valid spans, start-major over the best
+  start and end indexes."""
+  starts = best_indexes(start_logits, n_best_size)[:, None]
+  ends = best_indexes(end_logits, n_best_size)[None, :]
   n = len(feature.tokens)
   s, e = np.minimum(starts, n - 1), np.minimum(ends, n - 1)
   to_orig = np.asarray(feature.token_to_orig_map)
   valid = ((starts < n) & (ends < n) & (to_orig[s] >= 0) & (to_orig[e] >= 0)
            & np.asarray(feature.token_is_max_context)[s] & (ends >= starts)
            & (ends - starts < max_answer_length))
-  return [_Candidate(feature_index, int(i), int(j), float(start_logits[i]),
-                     float(end_logits[j]))
-          for i, j in zip(starts[valid], ends[valid])]
+  starts, ends = np.broadcast_arrays(starts, ends)
+  return starts[valid], ends[valid]
 
 
 def _span_text(example, feature, candidate, do_lower_case) -> str:
@@ -136,10 +138,11 @@ def _logits(results, feature, example):
 
 
 def _candidates(example, features, results, n_best_size, max_answer_length,
-                version_2) -> tuple[list[_Candidate], _Candidate]:
-  """(the example's spans, best first; its null candidate), the null one
-  among the spans for v2.0."""
-  spans = []
+                version_2) -> tuple[Iterator[_Candidate], _Candidate]:
+  """(the example's spans, best first, made as they are read; its null
+  candidate), the null one among the spans for v2.0. Equal scores keep the
+  order of the windows, then start-major order."""
+  parts = []  # Per window: feature index, start, end, start and end logits.
   null = _Candidate(0, 0, 0, 0.0, 0.0)
   null_score = _NO_NULL_SCORE
   for index, feature in enumerate(features):
@@ -149,12 +152,22 @@ def _candidates(example, features, results, n_best_size, max_answer_length,
       null_score = score
       null = _Candidate(index, 0, 0, float(start_logits[0]),
                         float(end_logits[0]))
-    spans += _feature_candidates(index, feature, start_logits, end_logits,
-                                 n_best_size, max_answer_length)
+    starts, ends = _feature_spans(feature, start_logits, end_logits,
+                                  n_best_size, max_answer_length)
+    parts.append((np.full(len(starts), index), starts, ends,
+                  start_logits[starts].astype(np.float64),
+                  end_logits[ends].astype(np.float64)))
   if version_2:
-    spans.append(null)
-  spans.sort(key=lambda c: c.start_logit + c.end_logit, reverse=True)
-  return spans, null
+    parts.append(([null.feature_index], [0], [0], [null.start_logit],
+                  [null.end_logit]))
+  if not parts:
+    return iter(()), null
+  index, starts, ends, start_logit, end_logit = map(np.concatenate,
+                                                    zip(*parts))
+  order = np.argsort(-(start_logit + end_logit), kind="stable")
+  return (_Candidate(int(index[i]), int(starts[i]), int(ends[i]),
+                     float(start_logit[i]), float(end_logit[i]))
+          for i in order), null
 
 
 def _nbest(example, features, candidates, null, n_best_size, do_lower_case,
