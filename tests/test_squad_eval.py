@@ -1,12 +1,14 @@
 """SQuAD EM/F1 against the official scripts' definitions: crafted cases with
 hand-computed scores, and transformers' port of evaluate-v2.0.py."""
 
+import json
 import types
 
 import numpy as np
 import pytest
 
 import squad_fixtures
+from bertjax.tasks import squad_data
 from bertjax.tasks import squad_eval
 
 
@@ -154,3 +156,41 @@ def test_scores_from_tfds_records_equal_those_from_the_json():
   assert squad_eval.evaluate_v1(
       list(squad_fixtures.tfds_records(v1)), v1_preds) == (
           squad_eval.evaluate_v1(v1, v1_preds))
+
+
+@pytest.mark.parametrize("version_2", [False, True])
+def test_logits_pointing_at_the_gold_answers_score_100(tmp_path, version_2):
+  data = squad_fixtures.squad_v2() if version_2 else squad_fixtures.squad_v1()
+  tok = squad_fixtures.tokenizer(str(tmp_path), data)
+  # The training features hold each answer's positions (0 where a window
+  # lacks it or the question has none); logits peaking there are right.
+  train, _ = squad_data.read_squad_examples(data, True, version_2)
+  examples, _ = squad_data.read_squad_examples(data, False, version_2)
+  kept = {e.qas_id for e in train}
+  arrays = squad_data.features_to_arrays(
+      squad_data.convert_examples_to_features(train, tok, 48, 16, 12,
+                                              is_training=True))
+  features = squad_data.convert_examples_to_features(
+      [e for e in examples if e.qas_id in kept], tok, 48, 16, 12,
+      is_training=False)
+  start = np.zeros((len(features), 48), np.float32)
+  end = np.zeros((len(features), 48), np.float32)
+  rows = np.arange(len(features))
+  start[rows, arrays["start_positions"]] = 5
+  end[rows, arrays["end_positions"]] = 5
+  kept_data = json.loads(json.dumps(data))
+  for article in kept_data["data"]:
+    for paragraph in article["paragraphs"]:
+      paragraph["qas"] = [q for q in paragraph["qas"] if q["id"] in kept]
+  result = squad_eval.evaluate_logits(
+      kept_data, [e for e in examples if e.qas_id in kept], features, start,
+      end, version_2, output_dir=str(tmp_path / "out"))
+  # "Japan" is answered "Japanese" (one word): EM 0, F1 0 for that one.
+  key = "exact" if version_2 else "exact_match"
+  assert result[key] == pytest.approx(100 * (len(kept) - 1) / len(kept))
+  assert (tmp_path / "out" / "predictions.json").exists()
+  if version_2:
+    assert result["NoAns_exact"] == 100.0
+    assert "best_f1_thresh" in result
+  with pytest.raises(ValueError, match="logit rows for"):
+    squad_eval.evaluate_logits(kept_data, examples, features, start[:-1], end)

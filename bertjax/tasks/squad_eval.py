@@ -187,3 +187,31 @@ def best_null_threshold(dataset, nbest: Mapping, null_odds: Mapping[str, float]
                                                            math.inf)
   result = evaluate_v2(dataset, predictions, null_odds)
   return {k: v for k, v in result.items() if k.startswith("best_")}
+
+
+def evaluate_logits(dataset, examples, features, start_logits, end_logits,
+                    version_2: bool = False, output_dir: Optional[str] = None,
+                    **options) -> dict:
+  """Scores of a model's logits on `dataset` (the data `examples` were read
+  from, with is_training=False): `start_logits` and `end_logits` [N, L] in
+  `features` order. `options` go to `squad_postprocess.write_predictions`
+  (n_best_size, max_answer_length, do_lower_case,
+  null_score_diff_threshold), which writes its files to `output_dir`.
+
+  v1.1: evaluate_v1's scores. v2.0: evaluate_v2's scores of the predictions
+  at null_score_diff_threshold, plus best_null_threshold's.
+  """
+  if len(start_logits) != len(features) or len(end_logits) != len(features):
+    raise ValueError(f"{len(start_logits)} start and {len(end_logits)} end "
+                     f"logit rows for {len(features)} features; give one "
+                     "row per feature, in order (padding rows removed).")
+  results = {f.unique_id: (s, e)
+             for f, s, e in zip(features, start_logits, end_logits)}
+  predictions, nbest, null_odds = squad_postprocess.write_predictions(
+      examples, features, results, version_2_with_negative=version_2,
+      output_dir=output_dir, **options)
+  if not version_2:
+    return evaluate_v1(dataset, predictions)
+  result = evaluate_v2(dataset, predictions, None)
+  result.update(best_null_threshold(dataset, nbest, null_odds))
+  return result
