@@ -67,7 +67,11 @@ def vocab_file(config) -> str:
 
 
 def prepare(config: ml_collections.ConfigDict) -> Prepared:
+  """Reads the task's data once. Fills the task's own defaults into `config` first
+  (e.g. SQuAD's epochs and batch size per version)."""
   task = registry.get_task(config.task)
+  if task.configure is not None:
+    task.configure(config)
   tokenizer = tokenization.load_tokenizer(config.tokenizer, vocab_file(config),
                                           config.do_lower_case)
   model_fields = dict(config.model)
@@ -132,11 +136,17 @@ def predict(predict_fn, state, split: Split, batch_size: int, sharding):
   return jax.tree.map(lambda *xs: np.concatenate(xs)[:n], *outs)
 
 
-def evaluate(predict_fn, state, dev: list[Split], batch_size: int, sharding) -> dict:
+def evaluate(predict_fn, state, dev: list[Split], batch_size: int, sharding,
+             output_dir: str) -> dict:
+  """Metrics of every dev split; tasks that write prediction files do so in output_dir."""
   result = {}
   for split in dev:
     outputs = predict(predict_fn, state, split, batch_size, sharding)
-    result[split.name] = dict(split.score(outputs), num_examples=len(split))
+    if split.writes_outputs:
+      scores = split.score(outputs, output_dir=output_dir if jax.process_index() == 0 else None)
+    else:
+      scores = split.score(outputs)
+    result[split.name] = dict(scores, num_examples=len(split))
     logging.info("dev [%s] %s", split.name, "  ".join(
         f"{k} {v:.4f}" for k, v in sorted(result[split.name].items())))
   return result
@@ -189,7 +199,8 @@ def finetune_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         if step % config.checkpoint.every_steps == 0 and step < num_steps:
           checkpointer.save(state, meta)
       checkpointer.save(state, meta)
-      dev = evaluate(p_predict, state, prepared.dev, config.eval_batch_size, sharding)
+      dev = evaluate(p_predict, state, prepared.dev, config.eval_batch_size, sharding,
+                     workdir)
     for name, m in dev.items():
       logger.write(num_steps, {k: v for k, v in m.items() if k != "num_examples"},
                    prefix=f"dev_{name}")

@@ -1,7 +1,7 @@
 """Every fine-tuning task by name: its kind, label count, dev splits, data and head."""
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -11,6 +11,7 @@ from bertjax.model.config import BertConfig
 from bertjax.tasks import conll
 from bertjax.tasks import glue
 from bertjax.tasks import same_document
+from bertjax.tasks import squad
 from bertjax.tasks import swag
 from bertjax.tasks.split import Split
 
@@ -26,6 +27,7 @@ class Task:
   primary: str  # The dev metric a sweep picks its best run by (first dev split).
   load: Callable[[str, Any, Any], Split]
   num_choices: int = 0  # Multiple choice only.
+  configure: Optional[Callable[[Any], None]] = None  # Fills task defaults into the config.
 
 
 def _glue(t: glue.GlueTask) -> Task:
@@ -39,6 +41,8 @@ TASKS: dict[str, Task] = {name: _glue(t) for name, t in glue.TASKS.items()}
 TASKS["conll2003"] = Task("conll2003", "token", len(conll.LABELS), ("dev",), "f1", conll.load)
 TASKS["swag"] = Task("swag", "multiple_choice", 1, ("dev",), "accuracy", swag.load,
                      num_choices=swag.NUM_CHOICES)
+TASKS["squad"] = Task("squad", "span", 2, ("dev",), "f1", squad.load,
+                      configure=squad.apply_version_defaults)
 TASKS["same_document"] = Task("same_document", "classification", 2, ("dev",), "accuracy",
                               same_document.load)
 

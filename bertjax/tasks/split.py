@@ -11,11 +11,13 @@ class Split:
   """`arrays`: model inputs and labels, leading axis one row per example
   (input_ids, input_mask, segment_ids, labels, ...). `score(outputs)` turns the
   model's outputs for every row, in order, into metrics; `extra` holds what a
-  task's scoring or output files need besides (e.g. SQuAD's examples)."""
+  task's scoring needs besides. With `writes_outputs`, score also takes
+  output_dir= (the run's workdir) and writes its prediction files there."""
   name: str
   arrays: dict[str, np.ndarray]
-  score: Callable[[Any], dict[str, float]]
+  score: Callable[..., dict[str, float]]
   extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+  writes_outputs: bool = False
 
   def __len__(self) -> int:
     return len(next(iter(self.arrays.values())))
