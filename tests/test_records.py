@@ -5,6 +5,7 @@ import random
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from bertjax.create import instance_batches
 from bertjax.create import record_batches
@@ -12,8 +13,6 @@ from bertjax.create import records
 from bertjax.records import schema
 from bertjax.records import tfrecord
 import data_utils
-
-tf = pytest.importorskip("tensorflow")
 
 
 def _feature_spec(max_seq_length, max_predictions_per_seq):
