@@ -14,7 +14,7 @@ import optax
 import orbax.checkpoint as ocp
 import pytest
 
-from bertjax.finetune import load_encoder_weights
+from bertjax.downstream import load_encoder_weights
 from bertjax.model.bert import BertForPreTraining
 from bertjax.model.config import BertConfig
 from bertjax.tasks import loop

@@ -20,7 +20,7 @@ from bertjax.tasks import metrics
 from bertjax.tasks.split import Split
 
 FILES = {"train": os.path.join("text", "train.txt"), "dev": os.path.join("text", "eval.txt")}
-NUM_PAIRS = {"train": 2000, "dev": 1000}
+NUM_PAIRS = {"train": 2000, "dev": 1000}  # Unless the config sets num_train_pairs, num_dev_pairs.
 SEEDS = {"train": 0, "dev": 1}
 LABELS = ("0", "1")
 
@@ -65,7 +65,8 @@ def load(split: str, tokenizer, config) -> Split:
     raise ValueError("--config.data_dir: give the demo data directory (with text/train.txt "
                      "and text/eval.txt)")
   docs = read_documents(os.path.join(config.data_dir, FILES[split]))
-  texts_a, texts_b, labels = make_pairs(docs, NUM_PAIRS[split], seed=SEEDS[split])
+  num_pairs = config.get(f"num_{split}_pairs", NUM_PAIRS[split])
+  texts_a, texts_b, labels = make_pairs(docs, num_pairs, seed=SEEDS[split])
   arrays = features.encode_pairs(tokenizer, texts_a, texts_b, config.max_seq_length)
   arrays["labels"] = labels
   return Split(split, arrays, functools.partial(metrics.classification, ("accuracy",), labels))
