@@ -49,12 +49,26 @@ def _recorded_architecture(path: str) -> dict:
 
 def finetune(config, workdir: str) -> dict:
   """The run the config asks for: one fine-tuning, the sweep, or the comparison
-  with random initialisation."""
-  if config.within_workdir:
-    for field in ("init_from", "data_dir", "vocab_file"):
-      if config[field] and not os.path.isabs(config[field]) and "://" not in config[field]:
-        config[field] = os.path.join(workdir, config[field])
-    workdir = os.path.join(workdir, "downstream")
+  with random initialisation. With config.within_workdir, the run goes to
+  workdir/downstream and its results also into workdir/summary.json (the
+  pretraining run's summary) under "downstream"."""
+  if not config.within_workdir:
+    return _run(config, workdir)
+  for field in ("init_from", "data_dir", "vocab_file"):
+    if config[field] and not os.path.isabs(config[field]) and "://" not in config[field]:
+      config[field] = os.path.join(workdir, config[field])
+  result = _run(config, os.path.join(workdir, "downstream"))
+  summary_path = os.path.join(workdir, "summary.json")
+  if jax.process_index() == 0 and os.path.exists(summary_path):
+    with open(summary_path, encoding="utf-8") as f:
+      summary = json.load(f)
+    summary["downstream"] = result
+    with open(summary_path, "w", encoding="utf-8") as f:
+      f.write(json.dumps(summary, indent=2, sort_keys=True))
+  return result
+
+
+def _run(config, workdir: str) -> dict:
   if config.sweep.enabled:
     return loop.sweep(config, workdir, weights_loader=load_encoder_weights)
   if config.random_init_baseline:
@@ -71,13 +85,5 @@ def demo_config():
 
 def demo_downstream(workdir: str, config=None) -> dict:
   """The demo's downstream step (`config`, default demo_config()) after the demo's
-  pretraining in `workdir`; adds both dev scores to workdir/summary.json."""
-  result = finetune(config or demo_config(), workdir)
-  summary_path = os.path.join(workdir, "summary.json")
-  if jax.process_index() == 0 and os.path.exists(summary_path):
-    with open(summary_path, encoding="utf-8") as f:
-      summary = json.load(f)
-    summary["downstream"] = result
-    with open(summary_path, "w", encoding="utf-8") as f:
-      f.write(json.dumps(summary, indent=2, sort_keys=True))
-  return result
+  pretraining in `workdir`: both dev scores go into workdir/summary.json."""
+  return finetune(config or demo_config(), workdir)

@@ -33,7 +33,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.max_seq_length = 64  # Two sentences of the corpus fit.
   config.num_epochs = 3.0  # 2,000 training pairs, 187 steps of 32.
   config.random_init_baseline = True  # Also fine-tune from random initialisation, same budget.
-  config.within_workdir = True  # The paths above are inside --workdir; the runs go to WORKDIR/downstream.
+  config.within_workdir = True  # The paths above are inside --workdir; runs go to WORKDIR/downstream, results also into WORKDIR/summary.json.
 
   config.model = tiny.get_config().model  # The demo model's architecture.
   config.model.vocab_size = 0  # From the demo vocab.
