@@ -20,7 +20,7 @@ from bertjax.tasks import metrics
 from bertjax.tasks.split import Split
 
 FILES = {"train": os.path.join("text", "train.txt"), "dev": os.path.join("text", "eval.txt")}
-NUM_PAIRS = {"train": 2000, "dev": 1000}  # Unless the config sets num_train_pairs, num_dev_pairs.
+NUM_PAIRS = {"train": 1000, "dev": 1000}  # Unless the config sets num_train_pairs, num_dev_pairs.
 SEEDS = {"train": 0, "dev": 1}
 LABELS = ("0", "1")
 

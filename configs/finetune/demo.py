@@ -28,10 +28,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.init_from = "checkpoints"  # The demo pretraining's checkpoints (relative to the workdir).
   config.data_dir = "demo_data"  # The demo data (text/train.txt, text/eval.txt).
   config.vocab_file = "demo_data/vocab.txt"  # The demo's WordPiece vocab.
-  config.num_train_pairs = 2000  # Sentence pairs drawn from the training documents.
+  config.num_train_pairs = 1000  # Sentence pairs drawn from the training documents.
   config.num_dev_pairs = 1000  # Sentence pairs drawn from the held-out documents.
   config.max_seq_length = 64  # Two sentences of the corpus fit.
-  config.num_epochs = 3.0  # 2,000 training pairs, 187 steps of 32.
+  config.num_epochs = 2.0  # 62 steps of 32, the same budget for both runs.
   config.random_init_baseline = True  # Also fine-tune from random initialisation, same budget.
   config.within_workdir = True  # The paths above are inside --workdir; runs go to WORKDIR/downstream, results also into WORKDIR/summary.json.
 
