@@ -10,14 +10,17 @@ from bertjax.tasks import squad_postprocess
 from bertjax.text import tokenization
 
 # Spaces, a tab, a newline and U+202F (all word breaks for the original),
-# punctuation, accents, case and possessives.
+# punctuation, accents (composed and not), case, possessives, a zero-width
+# space and CJK characters.
 CONTEXT_LONG = (
     "The leader was John Smith (1895-1943). He was born in Grünwald, a "
     "Japanese town near  Munich,\tand studied physics at the University of "
     "Munich.\nLater he taught mathematics in Berlin\u202ffor twelve years "
     "before Steve Smith's company hired him as chief engineer. The company "
     "built bridges, towers and railway stations across Bavaria until 1939.")
-CONTEXT_SHORT = "Paris is the capital of France. It lies on the Seine river."
+CONTEXT_SHORT = ("Paris is the capital of France. It lies on the Seine river, "
+                 "like the caf\u00e9s of Zo\u00eb\u200bKim and the "
+                 "e\u0301cole of \u6771\u4eac\u5927\u5b66.")
 # Words left out of the vocab (they become [UNK]) and split into pieces.
 UNKNOWN = ("bavaria",)
 MIN_SPLIT = 8  # Longer words are in the vocab as 4 characters + "##rest".

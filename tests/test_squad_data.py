@@ -126,6 +126,9 @@ def test_training_needs_exactly_one_answer():
   qa["answers"].append({"text": "green", "answer_start": 4})
   with pytest.raises(ValueError, match=r"qas\[0\].*exactly 1 answer; it has 2"):
     squad_data.read_squad_examples(_data(context, [qa]), is_training=True)
+  with pytest.raises(ValueError, match=r"it has 0 \(for SQuAD v2.0 data, read "
+                     "with version_2=True"):
+    squad_data.read_squad_examples(squad_fixtures.squad_v2(), True)
 
 
 def test_bad_records_name_the_record():

@@ -57,9 +57,11 @@ def test_v1_takes_the_best_gold_answer_and_counts_missing_as_zero():
   assert (result["total"], result["missing"]) == (3, 1)
 
 
-def test_v1_refuses_questions_without_answers():
+def test_v1_refuses_questions_without_answers_and_empty_data():
   with pytest.raises(ValueError, match="'a' has no gold answer"):
     squad_eval.evaluate_v1(_dataset({"a": []}), {"a": ""})
+  with pytest.raises(ValueError, match="no questions to score"):
+    squad_eval.evaluate_v1({"data": []}, {})
 
 
 GOLDS_V2 = {"has1": ["Paris"], "has2": ["the Seine river", "Seine"],

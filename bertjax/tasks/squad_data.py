@@ -231,8 +231,10 @@ def _training_example(qa, where, words, char_to_word, version_2
                                end_position=-1, is_impossible=True)
   answers = answers_of(qa, where)
   if len(answers) != 1:
+    hint = "" if answers or version_2 else (
+        " (for SQuAD v2.0 data, read with version_2=True)")
     raise ValueError(f"{where}: for training, each answerable question needs "
-                     f"exactly 1 answer; it has {len(answers)}.")
+                     f"exactly 1 answer; it has {len(answers)}{hint}.")
   text, start = answers[0]["text"], answers[0]["answer_start"]
   end = start + len(text) - 1
   if not text or start < 0 or end >= len(char_to_word):

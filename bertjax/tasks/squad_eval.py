@@ -75,6 +75,8 @@ def gold_answers(dataset) -> dict[str, list[str]]:
   golds = {}
   for qa, _ in squad_data.iter_questions(articles, name):
     golds[qa["id"]] = [a["text"] for a in qa["answers"]]
+  if not golds:
+    raise ValueError(f"{name}: no questions to score.")
   return golds
 
 

@@ -7,8 +7,9 @@ that lie in the document part, start in a token whose max-context window
 this is, have start <= end and at most `max_answer_length` pieces. Spans are
 ranked by start + end logit; the first `n_best_size` distinct texts form
 the n-best list, with softmax probabilities over it. A span's text is the
-original text it covers, trimmed to the predicted pieces by `get_final_text`
-(which keeps the original's case and inner whitespace).
+original words it covers, joined by single spaces and trimmed to the
+predicted pieces by `get_final_text` (the original's case, accents and
+punctuation kept).
 
 SQuAD v2.0 adds the null answer: its score s_null = S·C + E·C is the start
 plus end logit at [CLS] (position 0), the lowest over the example's windows.
