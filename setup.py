@@ -33,6 +33,8 @@ setuptools.setup(
         "scikit-learn>=1.3",
         "scipy>=1.10",
         "seqeval>=1.2",
+        # Hugging Face weights (model.safetensors) in the export and init_from.
+        "safetensors>=0.4",
     ],
     extras_require={
         "tpu": ["jax[tpu]"],

@@ -14,7 +14,7 @@ import optax
 import orbax.checkpoint as ocp
 import pytest
 
-from bertjax.downstream import load_encoder_weights
+from bertjax.convert.weights import load_weights
 from bertjax.model.bert import BertForPreTraining
 from bertjax.model.config import BertConfig
 from bertjax.tasks import loop
@@ -126,7 +126,7 @@ def test_init_from_a_pretraining_checkpoint_keeps_the_encoder(data, tmp_path):
   workdir = str(tmp_path / "run")
   config = _config(data, init_from=str(tmp_path / "pretrained"))
   config.optimizer.learning_rate = 0.0  # Nothing moves: the saved encoder is the loaded one.
-  loop.finetune_and_evaluate(config, workdir, weights_loader=load_encoder_weights)
+  loop.finetune_and_evaluate(config, workdir, weights_loader=load_weights)
   tuned = _saved_params(workdir)
   assert set(tuned) == {"bert", "classifier"}
   jax.tree.map(np.testing.assert_array_equal, tuned["bert"], source["bert"])
@@ -146,7 +146,7 @@ def test_init_from_a_hugging_face_directory(data, tmp_path):
   config = _config(data, init_from=hf_dir, vocab_file="")  # vocab.txt from init_from.
   config.optimizer.learning_rate = 0.0
   workdir = str(tmp_path / "run")
-  loop.finetune_and_evaluate(config, workdir, weights_loader=load_encoder_weights)
+  loop.finetune_and_evaluate(config, workdir, weights_loader=load_weights)
   expected = hf.hf_to_bertjax(model.params, model_config)["params"]["bert"]
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=0),
                _saved_params(workdir)["bert"], expected)
@@ -159,9 +159,9 @@ def test_vocab_and_dimension_mismatches_name_the_field(data, tmp_path):
   _pretraining_checkpoint(str(tmp_path / "pretrained"), model_config)
   config = _config(data, init_from=str(tmp_path / "pretrained"),
                    **{"model.intermediate_size": 128})
-  with pytest.raises(ValueError, match=r"--config.model.intermediate_size=128 .* has "
-                     r"intermediate_size=64"):
-    loop.finetune_and_evaluate(config, str(tmp_path / "run"), weights_loader=load_encoder_weights)
+  with pytest.raises(ValueError, match=r"has intermediate_size=64 but "
+                     r"--config.model.intermediate_size is 128"):
+    loop.finetune_and_evaluate(config, str(tmp_path / "run"), weights_loader=load_weights)
   assert not os.path.exists(os.path.join(tmp_path, "run", "results.json"))
 
 

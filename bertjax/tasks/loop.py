@@ -24,7 +24,6 @@ import optax
 from absl import logging
 
 from bertjax.input import pipeline
-from bertjax.model.bert import BertForPreTraining
 from bertjax.model.config import BertConfig
 from bertjax.records import fileio
 from bertjax.tasks import batches as batches_lib
@@ -35,12 +34,14 @@ from bertjax.tasks.split import Split
 from bertjax.text import tokenization
 from bertjax.train import checkpoint as ckpt_lib
 from bertjax.train import optimizer as opt_lib
+from bertjax.train import run_record
 from bertjax.train import sharding as sharding_lib
 from bertjax.train import state as state_lib
-from bertjax.train.logger import MetricLogger, first_nonfinite, quiet_library_logs
+from bertjax.train.logger import MetricLogger, quiet_library_logs
+from bertjax.train.step_metrics import StepMetrics
 
-# (path, abstract pretraining params, model config) -> params, as for pretraining
-# (bertjax.convert.weights.load_weights); the tasks layer does not import convert.
+# (path, abstract encoder params, model config) -> BertModel's params, e.g.
+# bertjax.convert.weights.load_weights; the tasks layer does not import convert.
 WeightsLoader = Callable[[str, Any, BertConfig], Any]
 RESULTS = "results.json"
 
@@ -113,13 +114,12 @@ def _initial_state(config, prepared, model, tx, mesh, rules, checkpointer, init,
     if weights_loader is None:
       raise ValueError("--config.init_from: pass a weights_loader, e.g. "
                        "bertjax.convert.weights.load_weights as bertjax.finetune does")
-    pretraining, _ = state_lib.abstract_train_state(
-        BertForPreTraining(prepared.model_config), optax.identity(), mesh, rules)
-    encoder = weights_loader(config.init_from, pretraining.params, prepared.model_config)
+    encoder = weights_loader(config.init_from, abstract.params["bert"],
+                             prepared.model_config)
     fresh = jax.jit(lambda r: jax.tree.map(
         lambda x: x.unbox() if hasattr(x, "unbox") else x, init(model, r),
         is_leaf=lambda x: hasattr(x, "unbox")), out_shardings=shardings.params)(rng)
-    params = dict(fresh, bert=encoder["bert"])
+    params = dict(fresh, bert=encoder)
     logging.info("Encoder from %s; %s head freshly initialised.", config.init_from,
                  "/".join(k for k in fresh if k != "bert"))
   state, shardings = state_lib.create_train_state(model, tx, mesh, rules, rng,
@@ -183,21 +183,32 @@ def finetune_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     sharding = sharding_lib.batch_sharding(mesh)
     dropout_rng = jax.random.fold_in(jax.random.key(config.seed), 1)
     meta = {"task": task.name, "seed": config.seed, "total_steps": num_steps,
-            "model": dataclasses.asdict(prepared.model_config)}
+            "model": dataclasses.asdict(prepared.model_config),
+            "head": {"type": registry.HEAD_TYPES[task.kind], "labels": list(task.labels)}}
+    if jax.process_index() == 0:
+      # The run record: exports find the vocab through init_from, as for pretraining runs.
+      record = json.loads(config.to_json())
+      record["model"] = meta["model"]
+      run_record.write(workdir, record)
     step = int(jax.device_get(state.step))
+    # A non-finite step stops the run before anything after it is saved.
+    step_metrics = StepMetrics(on_nonfinite="Lower --config.optimizer.learning_rate or "
+                               "check the data.")
     with sharding_lib.mesh_context(mesh, rules):
-      t0, window = time.perf_counter(), []
+      t0 = time.perf_counter()
       for batch in batches_lib.train_batches(train.arrays, config.global_batch_size,
                                              seed=config.seed, start_step=step,
                                              num_steps=num_steps):
         state, metrics = p_train(state, pipeline.to_global(batch, sharding), dropout_rng)
         step += 1
-        window.append((step, metrics))
+        step_metrics.add(step, metrics)
         if step % config.logging.every_steps == 0 or step == num_steps:
-          _log_window(logger, window, step, num_steps, schedule, t0)
-          t0, window = time.perf_counter(), []
+          _log_window(logger, step_metrics.take_window(), step, num_steps, schedule, t0)
+          t0 = time.perf_counter()
         if step % config.checkpoint.every_steps == 0 and step < num_steps:
+          step_metrics.drain()
           checkpointer.save(state, meta)
+      step_metrics.drain()
       checkpointer.save(state, meta)
       dev = evaluate(p_predict, state, prepared.dev, config.eval_batch_size, sharding,
                      workdir)
@@ -217,15 +228,11 @@ def finetune_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   return results
 
 
-def _log_window(logger, window, step, num_steps, schedule, t0):
-  host = jax.device_get([m for _, m in window])
-  bad = first_nonfinite(list(zip([s for s, _ in window], host)))
-  if bad is not None:
-    raise FloatingPointError(f"non-finite loss or gradient at fine-tuning step {bad}; "
-                             "lower --config.optimizer.learning_rate or check the data")
+def _log_window(logger, host, step, num_steps, schedule, t0):
+  """Averages a window of host metrics, prints them and writes them to TensorBoard."""
   m = {k: float(np.mean([x[k] for x in host])) for k in host[0] if k != "finite"}
   m["learning_rate"] = float(schedule(step - 1))
-  m["steps_per_second"] = len(window) / max(time.perf_counter() - t0, 1e-9)
+  m["steps_per_second"] = len(host) / max(time.perf_counter() - t0, 1e-9)
   logging.info("step %d/%d %s", step, num_steps,
                "  ".join(f"{k} {v:.4g}" for k, v in sorted(m.items())))
   logger.write(step, m, prefix="train")

@@ -27,6 +27,7 @@ class Task:
   primary: str  # The dev metric a sweep picks its best run by (first dev split).
   load: Callable[[str, Any, Any], Split]
   num_choices: int = 0  # Multiple choice only.
+  labels: tuple[str, ...] = ()  # Label names in output order (classification, token).
   configure: Optional[Callable[[Any], None]] = None  # Fills task defaults into the config.
 
 
@@ -34,17 +35,26 @@ def _glue(t: glue.GlueTask) -> Task:
   def load(split, tokenizer, config):
     return glue.load(t, split, tokenizer, config.max_seq_length, config.data_dir,
                      config.tfds_data_dir)
-  return Task(t.name, t.kind, max(len(t.labels), 1), tuple(t.dev), t.primary, load)
+  return Task(t.name, t.kind, max(len(t.labels), 1), tuple(t.dev), t.primary, load,
+              labels=t.labels)
 
 
 TASKS: dict[str, Task] = {name: _glue(t) for name, t in glue.TASKS.items()}
-TASKS["conll2003"] = Task("conll2003", "token", len(conll.LABELS), ("dev",), "f1", conll.load)
+TASKS["conll2003"] = Task("conll2003", "token", len(conll.LABELS), ("dev",), "f1", conll.load,
+                          labels=conll.LABELS)
 TASKS["swag"] = Task("swag", "multiple_choice", 1, ("dev",), "accuracy", swag.load,
                      num_choices=swag.NUM_CHOICES)
 TASKS["squad"] = Task("squad", "span", 2, ("dev",), "f1", squad.load,
                       configure=squad.apply_version_defaults)
 TASKS["same_document"] = Task("same_document", "classification", 2, ("dev",), "accuracy",
-                              same_document.load)
+                              same_document.load, labels=same_document.LABELS)
+
+
+# Task kind -> the head type exports read from a checkpoint's meta.
+HEAD_TYPES = {"classification": "sequence_classification",
+              "regression": "sequence_classification",
+              "token": "token_classification", "multiple_choice": "multiple_choice",
+              "span": "question_answering"}
 
 
 def get_task(name: str) -> Task:
