@@ -42,12 +42,13 @@ def test_squad_run_writes_predictions_and_scores(version, tmp_path):
   with open(os.path.join(workdir, "predictions.json"), encoding="utf-8") as f:
     assert len(json.load(f)) == questions
   if version == "2.0":
-    assert written == ["nbest_predictions.json", "null_odds.json", "predictions.json",
-                       "results.json"]
+    assert written == ["config.json", "nbest_predictions.json", "null_odds.json",
+                       "predictions.json", "results.json"]
     for key in ("exact", "f1", "best_f1", "best_f1_thresh", "best_exact_thresh"):
       assert key in dev
     assert dev["total"] == questions
   else:
-    assert written == ["nbest_predictions.json", "predictions.json", "results.json"]
+    assert written == ["config.json", "nbest_predictions.json", "predictions.json",
+                       "results.json"]
     assert 0.0 <= dev["exact_match"] <= dev["f1"] <= 100.0
   assert results["primary_metric"] == "f1"
