@@ -5,10 +5,11 @@ A run reads the task's data once, trains num_epochs over the training split
 warmup_proportion of the steps and linear decay to 0, saves orbax
 checkpoints (a rerun resumes from the latest), logs to TensorBoard and
 writes the final dev metrics to WORKDIR/results.json. Starting weights come
-from config.init_from through the injected weights loader (a bertjax
-pretraining checkpoint or a Hugging Face BERT directory): only the encoder
-is kept, the pretraining heads are dropped and the task head is freshly
-initialised.
+from config.init_from through the injected weights loader
+(bertjax.convert.weights.load_weights: a bertjax pretraining checkpoint of any
+phase, a Hugging Face BERT directory or the original release's TF1
+checkpoint): only the encoder is read, pretraining heads are left out and the
+task head is freshly initialised.
 """
 
 import dataclasses
