@@ -116,3 +116,33 @@ def test_losses_of_every_kind():
   loss, hits, _ = step_lib.loss_and_hits("span", (logits, logits), span)
   assert float(loss) == pytest.approx((-2 * np.log(0.5) - 2 * np.log(0.75)) / 2, rel=1e-6)
   assert float(hits) == 1.0
+
+
+@pytest.mark.parametrize("task", ["swag", "conll2003"])
+def test_token_and_multiple_choice_tasks_run_end_to_end(task, tmp_path):
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+      os.path.abspath(__file__))), "configs", "finetune"))
+  import ner  # pylint: disable=g-import-not-at-top
+  import swag as swag_config  # pylint: disable=g-import-not-at-top
+  from bertjax.tasks import loop  # pylint: disable=g-import-not-at-top
+  data = tmp_path / "data"
+  data.mkdir()
+  if task == "swag":
+    config = swag_config.get_config()
+    for name in ("train.csv", "val.csv"):
+      (data / name).write_text(SWAG.format(label=2))
+  else:
+    config = ner.get_config()
+    for name in ("train.txt", "valid.txt"):
+      (data / name).write_text(CONLL)
+  config.data_dir = str(data)
+  config.vocab_file = finetune_data.write_vocab(str(tmp_path / "vocab.txt"))
+  config.model.update(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
+                      dtype="float32")
+  config.max_seq_length, config.global_batch_size, config.eval_batch_size = 16, 2, 2
+  config.num_epochs = 2.0
+  results = loop.finetune_and_evaluate(config, str(tmp_path / "run"))
+  dev = results["dev"]["dev"]
+  assert results["steps"] == 2 and dev["num_examples"] == 2
+  key = "accuracy" if task == "swag" else "f1"
+  assert 0.0 <= dev[key] <= 1.0
