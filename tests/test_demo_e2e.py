@@ -117,3 +117,19 @@ def test_downstream_step_fine_tunes_from_the_checkpoint_and_from_random_init(run
     assert dev["num_examples"] == 40 and 0.0 <= dev["accuracy"] <= 1.0
     assert os.path.exists(os.path.join(workdir, "downstream", init, "results.json"))
   assert result["init_from"] == os.path.join(workdir, "checkpoints")
+
+
+def test_predict_reads_the_runs_checkpoint_and_vocab(run):
+  workdir, _ = run
+  result = subprocess.run(
+      [sys.executable, "-m", "bertjax.predict",
+       f"--checkpoint={os.path.join(workdir, 'checkpoints')}",
+       "--text=The [MASK] statement leaves the loop.", "--text=It returns a [MASK] [MASK].",
+       "--text_b=The loop ends.", "--top_k=3"],
+      cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  lines = result.stdout.splitlines()
+  assert lines[0] == "The [MASK] statement leaves the loop."
+  assert lines[1].startswith("  [MASK] #1: ") and lines[1].count("(") == 3
+  assert lines[2].startswith("  next sentence 'The loop ends.': ")
+  assert lines[4].startswith("  [MASK] #1: ")  # Two adjacent masks: one whole-word run.
