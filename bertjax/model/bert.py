@@ -18,8 +18,8 @@ BATCH_PREDICTIONS_EMBED = ("activation_batch", None, "activation_embed")
 
 
 def attention_mask(input_mask_BxL):
-  """[B, L] 0/1 padding mask -> boolean key mask [B, 1, 1, L]."""
-  return (input_mask_BxL > 0)[:, None, None, :]
+  """[B, L] 0/1 padding mask -> boolean mask of the real tokens [B, L]."""
+  return input_mask_BxL > 0
 
 
 class BertModel(nn.Module):

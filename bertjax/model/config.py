@@ -5,8 +5,10 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
+from bertjax.model import attention
+
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
-ATTENTION_IMPLS = ("auto", "xla", "cudnn")
+ATTENTION_IMPLS = attention.IMPLS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,8 +33,9 @@ class BertConfig:
   # What each layer keeps for the backward pass: none (keep everything),
   # full (recompute everything), dots, dots_no_batch (keep matmul outputs).
   remat_policy: str = "none"
-  # auto: jax.nn.dot_product_attention (cuDNN flash attention on GPU) when
-  # attention dropout is off or in evaluation, the XLA path otherwise.
+  # xla | splash (Pallas, TPU) | cudnn (GPU, bf16/fp16) | auto: the platform's
+  # fused kernel when valid, XLA otherwise and whenever attention dropout is
+  # on in training (the fused kernels have none); see model/attention.py.
   attention_impl: str = "auto"
 
   def __post_init__(self):
@@ -54,6 +57,10 @@ class BertConfig:
       bad("remat_policy", f"{self.remat_policy!r} is not one of {REMAT_POLICIES}")
     if self.attention_impl not in ATTENTION_IMPLS:
       bad("attention_impl", f"{self.attention_impl!r} is not one of {ATTENTION_IMPLS}")
+    problem = attention.config_problem(self.attention_impl, self.attention_dropout_rate,
+                                       self.dtype)
+    if problem:
+      raise ValueError(problem)
     for name in ("dtype", "param_dtype"):
       try:
         jnp.dtype(getattr(self, name))
