@@ -22,6 +22,7 @@ def get_config() -> ml_collections.ConfigDict:
   # The architecture (bertjax.model.config.BertConfig).
   config.model = ml_collections.ConfigDict()
   config.model.vocab_size = 30522  # Must equal the data's vocab size (checked against metadata.json).
+  config.model.vocab_multiple = 128  # Word table and MLM bias padded to a multiple of this (MXU lanes); exports carry vocab_size rows.
   config.model.hidden_size = 768  # H.
   config.model.num_layers = 12  # L.
   config.model.num_heads = 12  # A; hidden_size must be divisible by it.

@@ -238,6 +238,51 @@ def test_auto_attention_runs_xla_on_cpu_and_logs_why(monkeypatch, caplog):
   assert said.count("attention kernel: xla (no fused attention kernel for cpu)") == 1, said
 
 
+def test_padded_vocab_leaves_the_pretraining_loss_unchanged():
+  """Padded rows, whatever their values, change no loss, accuracy or real gradient."""
+  from bertjax.train import step as step_lib  # pylint: disable=g-import-not-at-top
+  unpadded = tiny()
+  padded = tiny(vocab_multiple=128)
+  assert (unpadded.padded_vocab_size, padded.padded_vocab_size) == (97, 128)
+  params = init_params(unpadded)
+  rng = np.random.default_rng(3)
+
+  def pad(path, x):
+    name = jax.tree_util.keystr(path)
+    if "word_embeddings" in name or "output_bias" in name:
+      extra = rng.normal(0.0, 50.0, (31,) + x.shape[1:]).astype(x.dtype)
+      return np.concatenate([x, extra])
+    return x
+  padded_params = jax.tree_util.tree_map_with_path(pad, params)
+  batch = make_batch()
+  # Half the labels are the unpadded model's own predictions, so accuracy is
+  # above zero and a padded column that won the argmax would show.
+  ids = rng.integers(0, 97, (BATCH, PREDICTIONS))
+  ids[:, ::2] = apply(unpadded, params, batch)["mlm_logits"].argmax(-1)[:, ::2]
+  batch.update(masked_lm_ids=ids.astype(np.int32),
+               masked_lm_weights=np.ones((BATCH, PREDICTIONS), np.float32),
+               next_sentence_labels=np.array([0, 1, 0], np.int32),
+               **{step_lib.EXAMPLE_WEIGHT_KEY: np.ones((BATCH,), np.float32)})
+
+  def sums_and_grads(config, p):
+    apply_fn = BertForPreTraining(config).apply
+    def loss(p):
+      sums = step_lib.loss_sums(p, apply_fn, batch, None, deterministic=True)
+      return sums["mlm_loss"] + sums["nsp_loss"], sums
+    return jax.jit(jax.grad(loss, has_aux=True))(p["params"])
+  grads, sums = sums_and_grads(unpadded, params)
+  padded_grads, padded_sums = sums_and_grads(padded, padded_params)
+  for k in sums:
+    np.testing.assert_allclose(padded_sums[k], sums[k], rtol=1e-6, err_msg=k)
+  assert float(sums["mlm_hits"]) > 0  # Accuracy is compared on something.
+  word = lambda g: np.asarray(g["bert"]["embeddings"]["word_embeddings"]["embedding"])
+  np.testing.assert_allclose(word(padded_grads)[:97], word(grads), atol=1e-6)
+  assert not word(padded_grads)[97:].any()
+  bias = lambda g: np.asarray(g["mlm"]["output_bias"])
+  np.testing.assert_allclose(bias(padded_grads)[:97], bias(grads), atol=1e-6)
+  assert not bias(padded_grads)[97:].any()
+
+
 def _count(tree) -> int:
   return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))
 
@@ -263,6 +308,10 @@ def test_parameter_counts(size, expected):
   config = BertConfig(vocab_size=30522, **size)
   assert _count(_abstract_params(config)) == expected
   assert _count(_abstract_params(config.replace(scan_layers=False))) == expected
+  # Padded to 30,592 rows (239 x 128): the word table and the MLM bias grow.
+  padded = config.replace(vocab_multiple=128)
+  assert padded.padded_vocab_size == 30592
+  assert _count(_abstract_params(padded)) == expected + 70 * (size["hidden_size"] + 1)
   assert _formula(30522, size["hidden_size"], size["num_layers"],
                   size["intermediate_size"]) == expected
   transformers = pytest.importorskip("transformers")

@@ -40,7 +40,12 @@ class BertModel(nn.Module):
 
 
 class MaskedLMHead(nn.Module):
-  """Dense + GELU + LayerNorm, then the tied decoder plus a per-token bias."""
+  """Dense + GELU + LayerNorm, then the tied decoder plus a per-token bias.
+
+  The decoder multiplies by the whole padded word table (MXU-aligned) and
+  the padded columns are cut off, so the logits have vocab_size columns and
+  padding never enters the softmax.
+  """
   config: BertConfig
 
   @nn.compact
@@ -57,8 +62,9 @@ class MaskedLMHead(nn.Module):
     bias_V = self.param(
         "output_bias",
         nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",)),
-        (c.vocab_size,), c.params_dtype)
-    return embeddings.attend(h) + bias_V.astype(jnp.float32)
+        (c.padded_vocab_size,), c.params_dtype)
+    logits_BxPxV = embeddings.attend(h) + bias_V.astype(jnp.float32)
+    return logits_BxPxV[..., :c.vocab_size]
 
 
 class BertForPreTraining(nn.Module):

@@ -76,7 +76,7 @@ class Embeddings(nn.Module):
     c = self.config
     init = lambda axes: kernel_init(c, axes)
     self.word_embeddings = nn.Embed(
-        c.vocab_size, c.hidden_size, dtype=c.compute_dtype,
+        c.padded_vocab_size, c.hidden_size, dtype=c.compute_dtype,
         param_dtype=c.params_dtype, embedding_init=init(("vocab", "embed")))
     self.position_embeddings = nn.Embed(
         c.max_position_embeddings, c.hidden_size, dtype=c.compute_dtype,
@@ -101,7 +101,7 @@ class Embeddings(nn.Module):
     return nn.with_logical_constraint(x_BxLxD, BATCH_LENGTH_EMBED)
 
   def attend(self, x_BxPxD):
-    """Logits against the word embeddings (the tied MLM decoder), in fp32."""
+    """Logits against the (padded) word table (the tied MLM decoder), in fp32."""
     table_VxD = self.word_embeddings.embedding
     return jnp.einsum("bpd,vd->bpv", x_BxPxD.astype(self.config.compute_dtype),
                       table_VxD.astype(self.config.compute_dtype),

@@ -9,7 +9,9 @@ not hardware utilisation):
   per sequence          2 x D^2 + 2 x 2 D       pooler and NSP classifier
   per masked position   2 x (D^2 + D V)         MLM transform and tied decoder
 
-The decoder runs only at the P masked positions, never at all L tokens.
+The decoder runs only at the P masked positions, never at all L tokens, and
+over the padded vocab (model.padded_vocab_size), since that is what the
+matmul computes.
 """
 
 from bertjax.model.config import BertConfig
@@ -39,7 +41,7 @@ def peak_tflops(device_kind: str) -> float | None:
 
 
 def forward_flops_per_sequence(c: BertConfig, seq_len: int, num_predictions: int) -> float:
-  d, f, v = c.hidden_size, c.intermediate_size, c.vocab_size
+  d, f, v = c.hidden_size, c.intermediate_size, c.padded_vocab_size
   per_token_layer = 2 * (4 * d * d + 2 * d * f) + 2 * 2 * seq_len * d
   encoder = c.num_layers * seq_len * per_token_layer
   heads = 2 * d * d + 2 * 2 * d + num_predictions * 2 * (d * d + d * v)
