@@ -37,24 +37,36 @@ _TOPOLOGY = flags.DEFINE_string("topology", "", "Compile ahead of time for this 
 _VOCAB = flags.DEFINE_integer("vocab_size", 30522, "Vocab size when config.model.vocab_size is 0.")
 
 
-def _setup(config, devices):
-  config.data.source = "synthetic"  # The benchmark reads no files.
+def build(config, devices, *, phase_name: str = "", vocab_size: int = 30522,
+          device_mesh: bool = False):
+  """(model config, phase, mesh, rules, model, optimizer) for a run config on `devices`.
+
+  The benchmark reads no files: the data source becomes synthetic. With
+  `device_mesh` the devices are laid out in the given order (topology
+  devices have no physical layout to optimise for).
+  """
+  config.data.source = "synthetic"
   config.data.demo_dir = ""
-  vocab = config.model.vocab_size or _VOCAB.value
+  vocab = config.model.vocab_size or vocab_size
   model_config = run_config.validate(config, num_devices=len(devices), vocab_size=vocab)
   plan = run_config.phases(config)
-  phase = next((p for p in plan if p.name == _PHASE.value), plan[0]) if _PHASE.value else plan[0]
-  if _PHASE.value and phase.name != _PHASE.value:
-    raise app.UsageError(f"--phase={_PHASE.value}: not one of {[p.name for p in plan]}")
+  phase = next((p for p in plan if p.name == phase_name), None) if phase_name else plan[0]
+  if phase is None:
+    raise app.UsageError(f"--phase={phase_name}: not one of {[p.name for p in plan]}")
   mesh = jax.sharding.Mesh(
       np.asarray(devices).reshape(sharding_lib.mesh_shape(config.mesh, len(devices))),
-      sharding_lib.MESH_AXES) if _TOPOLOGY.value else sharding_lib.make_mesh(config.mesh)
+      sharding_lib.MESH_AXES) if device_mesh else sharding_lib.make_mesh(config.mesh, devices)
   rules = sharding_lib.rules(config.mesh)
   schedule = opt_lib.learning_rate_schedule(
       config.optimizer, config.total_steps, [p.start for p in plan] + [plan[-1].end],
       [p.warmup_steps for p in plan])
   tx = opt_lib.make_optimizer(config.optimizer, schedule)
   return model_config, phase, mesh, rules, BertForPreTraining(model_config), tx
+
+
+def _setup(config, devices):
+  return build(config, devices, phase_name=_PHASE.value, vocab_size=_VOCAB.value,
+               device_mesh=bool(_TOPOLOGY.value))
 
 
 def _gib(n):
