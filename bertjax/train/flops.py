@@ -32,12 +32,36 @@ PEAK_TFLOPS = (
 )
 
 
+# HBM per chip in GiB, matched the same way.
+HBM_GIB = (
+    ("TPU v6 lite", 32.0),
+    ("TPU v6e", 32.0),
+    ("TPU v5p", 95.0),
+    ("TPU v5 lite", 16.0),
+    ("TPU v5e", 16.0),
+    ("TPU v5", 95.0),
+    ("TPU v4", 32.0),
+    ("H200", 141.0),
+    ("H100", 80.0),
+    ("A100", 80.0),
+)
+
+
+def _lookup(table, device_kind: str) -> float | None:
+  for name, value in table:
+    if name.lower() in device_kind.lower():
+      return value
+  return None
+
+
+def hbm_gib(device_kind: str) -> float | None:
+  """HBM of one chip in GiB, or None when unknown."""
+  return _lookup(HBM_GIB, device_kind)
+
+
 def peak_tflops(device_kind: str) -> float | None:
   """Peak bf16 TFLOP/s of one chip, or None when unknown (e.g. CPU)."""
-  for name, tflops in PEAK_TFLOPS:
-    if name.lower() in device_kind.lower():
-      return tflops
-  return None
+  return _lookup(PEAK_TFLOPS, device_kind)
 
 
 def forward_flops_per_sequence(c: BertConfig, seq_len: int, num_predictions: int) -> float:
