@@ -13,9 +13,11 @@ positions, scanned layers, the vocab padded to a multiple of 128. The
 transformers side is the stock model, whose head computes logits at every
 position; the loss takes the masked positions from them.
 
-After compiling and a warm-up, the two alternate in rounds (the order
-swapping each round), each timing --steps steps; printed: each side's
-sequences/s per round (median and range) and the per-round ratio.
+bertjax runs twice: as configured (scanned layers) and with
+scan_layers=False. After compiling and a warm-up, the three alternate in
+rounds (the order reversing each round), each timing --steps steps;
+printed: sequences/s per round (median and range) and the per-round ratios
+to transformers.
 """
 
 import argparse
@@ -41,7 +43,7 @@ SEQ, PREDICTIONS, BATCH, DROPOUT = 128, 20, 32, 0.1
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _base_config():
+def _base_config(scan_layers: bool = True):
   spec = importlib.util.spec_from_file_location(
       "base_config", os.path.join(REPO, "configs", "base.py"))
   module = importlib.util.module_from_spec(spec)
@@ -49,16 +51,16 @@ def _base_config():
   config = module.get_config()
   m = config.model
   m.vocab_size, m.hidden_size, m.num_layers, m.num_heads = VOCAB, HIDDEN, LAYERS, HEADS
-  m.intermediate_size, m.dtype = FFN, "float32"
+  m.intermediate_size, m.dtype, m.scan_layers = FFN, "float32", scan_layers
   m.hidden_dropout_rate = m.attention_dropout_rate = DROPOUT
   config.phases.seq128.global_batch_size = BATCH
   config.phases.seq128.max_predictions_per_seq = PREDICTIONS
   return config
 
 
-def bertjax_step(batch):
+def bertjax_step(batch, scan_layers: bool = True):
   """() -> runs one bertjax train step (state kept inside), jitted and compiled."""
-  config = _base_config()
+  config = _base_config(scan_layers)
   _, _, mesh, rules, model, tx = benchmark.build(config, jax.devices(), phase_name="seq128")
   state, shardings = state_lib.create_train_state(model, tx, mesh, rules, jax.random.key(0))
   rng = jax.random.key(1)
@@ -69,7 +71,7 @@ def bertjax_step(batch):
   def run():
     holder["state"], metrics = step_fn(holder["state"], batch, rng)
     return metrics["loss"]
-  return run, tx
+  return run
 
 
 def _hf_decay_mask(params):
@@ -142,32 +144,32 @@ def main():
                            vocab_size=VOCAB, seed=0)
   shapes = schema.batch_shapes(BATCH, SEQ, PREDICTIONS)
   batch = {k: jnp.asarray(v) for k, v in source.batch(0).items() if k in shapes}
-  t0 = time.perf_counter()
-  ours, tx = bertjax_step(batch)
-  compile_ours = time.perf_counter() - t0
-  del tx
-  t0 = time.perf_counter()
-  theirs = hf_step(batch, optax.linear_schedule(0.0, 1e-4, 10_000))
-  compile_theirs = time.perf_counter() - t0
-  for run in (ours, theirs):
-    _seconds(run, args.warmup)
-  rates = {"bertjax": [], "transformers": []}
+  runs, setup = {}, {}
+  for name, make in (("bertjax", lambda: bertjax_step(batch)),
+                     ("bertjax unrolled", lambda: bertjax_step(batch, scan_layers=False)),
+                     ("transformers", lambda: hf_step(
+                         batch, optax.linear_schedule(0.0, 1e-4, 10_000)))):
+    t0 = time.perf_counter()
+    runs[name] = make()
+    setup[name] = time.perf_counter() - t0
+    _seconds(runs[name], args.warmup)
+  rates = {name: [] for name in runs}
   for r in range(args.rounds):
-    order = [("bertjax", ours), ("transformers", theirs)]
-    for name, run in (order if r % 2 == 0 else order[::-1]):
-      rates[name].append(BATCH * args.steps / _seconds(run, args.steps))
-  ratios = [a / b for a, b in zip(rates["bertjax"], rates["transformers"])]
+    names = list(runs) if r % 2 == 0 else list(runs)[::-1]
+    for name in names:
+      rates[name].append(BATCH * args.steps / _seconds(runs[name], args.steps))
   print(f"jax {jax.__version__}, {jax.devices()[0].device_kind} x {jax.device_count()}, "
         f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
   print(f"L={LAYERS} H={HIDDEN} A={HEADS} F={FFN} vocab {VOCAB}, batch {BATCH} x {SEQ}, "
         f"{PREDICTIONS} predictions, fp32, dropout {DROPOUT}")
-  print(f"setup + compile  bertjax {compile_ours:.1f} s, transformers {compile_theirs:.1f} s")
+  print("setup + compile  " + ", ".join(f"{k} {v:.1f} s" for k, v in setup.items()))
   for name, values in rates.items():
-    print(f"{name:12s} sequences/s {_summary(values)} over {args.rounds} rounds "
+    print(f"{name:17s} sequences/s {_summary(values)} over {args.rounds} rounds "
           f"of {args.steps} steps")
-  print(f"ratio        {_summary(ratios)} (paired rounds); "
-        f"per round: {' '.join(f'{x:.2f}' for x in ratios)}")
-
+  for name in ("bertjax", "bertjax unrolled"):
+    ratios = [a / b for a, b in zip(rates[name], rates["transformers"])]
+    print(f"{name} / transformers  {_summary(ratios)} (paired rounds); per round: "
+          f"{' '.join(f'{x:.2f}' for x in ratios)}")
 
 if __name__ == "__main__":
   main()
