@@ -41,8 +41,11 @@ setuptools.setup(
             "pytest-xdist>=3",
             # Reference implementation for parity tests (Flax BERT, no PyTorch).
             "transformers>=4.40,<5",
-            # The original release's data creation, for interchange tests.
+            # The original release's tokenizer, data creation and input
+            # function, for parity and interchange tests.
             "bert-tensorflow==1.0.4",
+            # The Beam pipeline's test (also in the beam extra).
+            "apache-beam>=2.50",
         ],
     },
     entry_points={

@@ -8,11 +8,12 @@ Ids 0..4 are [PAD] [UNK] [CLS] [SEP] [MASK]; the other ids are words.
 """
 
 import os
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
 from bertjax.records import schema
+from bertjax.records import tfrecord
 
 SPECIAL_IDS = {"pad": 0, "unk": 1, "cls": 2, "sep": 3, "mask": 4}
 FIRST_WORD_ID = 5
@@ -123,3 +124,118 @@ def write_dataset(directory: str, num_files: int, records_per_file: int,
 def example_id(input_ids) -> bytes:
   """A key that tells examples apart (their ids are random)."""
   return np.asarray(input_ids, np.int64).tobytes()
+
+
+# Reference encoders and readers that only tests use: the records as the
+# original release's layout and TensorFlow's proto classes give them, a
+# protobuf reader that needs no TensorFlow, and whole-shard reads through
+# the production reader (bertjax.records.tfrecord).
+
+
+def features_of(input_ids, num_a, masked_lm_positions, masked_lm_ids,
+                is_random_next, max_seq_length, max_predictions_per_seq
+                ) -> dict[str, list]:
+  """The padded feature lists of one instance (the original's layout)."""
+  n, k = len(input_ids), len(masked_lm_positions)
+  pad_l, pad_p = max_seq_length - n, max_predictions_per_seq - k
+  return {
+      "input_ids": list(input_ids) + [0] * pad_l,
+      "input_mask": [1] * n + [0] * pad_l,
+      "segment_ids": [0] * (num_a + 2) + [1] * (n - num_a - 2) + [0] * pad_l,
+      "masked_lm_positions": list(masked_lm_positions) + [0] * pad_p,
+      "masked_lm_ids": list(masked_lm_ids) + [0] * pad_p,
+      "masked_lm_weights": [1.0] * k + [0.0] * pad_p,
+      "next_sentence_labels": [1 if is_random_next else 0],
+  }
+
+
+def tf_example_bytes(features: dict[str, list]) -> bytes:
+  """The record built with TensorFlow's proto classes, deterministically."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  feature = {}
+  for name in sorted(features):
+    values = features[name]
+    if schema.FEATURES[name][0] == "float32":
+      feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=values))
+    else:
+      feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+  return tf.train.Example(features=tf.train.Features(
+      feature=feature)).SerializeToString(deterministic=True)
+
+
+def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+  result = shift = 0
+  while True:
+    b = buf[pos]
+    pos += 1
+    result |= (b & 0x7F) << shift
+    if b < 0x80:
+      return result, pos
+    shift += 7
+
+
+def _fields(buf: bytes):
+  """(field number, payload) of each length-delimited field of a message."""
+  pos = 0
+  while pos < len(buf):
+    tag, pos = _read_varint(buf, pos)
+    if tag & 7 != 2:
+      raise ValueError(f"unexpected wire type {tag & 7} in Example")
+    size, pos = _read_varint(buf, pos)
+    yield tag >> 3, buf[pos:pos + size]
+    pos += size
+
+
+def decode_example(data: bytes) -> dict[str, np.ndarray]:
+  """A serialised Example of int64/float lists as numpy arrays, without
+  TensorFlow."""
+  out = {}
+  (_, features), = _fields(data)
+  for _, entry in _fields(features):
+    parts = dict(_fields(entry))
+    name = parts[1].decode()
+    (kind, values), = _fields(parts[2])
+    payload = b"".join(v for _, v in _fields(values))
+    if kind == 2:
+      out[name] = np.frombuffer(payload, "<f4").copy()
+    elif kind == 3:
+      ints, pos = [], 0
+      while pos < len(payload):
+        v, pos = _read_varint(payload, pos)
+        ints.append(v - (1 << 64) if v >= 1 << 63 else v)
+      out[name] = np.asarray(ints, np.int64)
+    else:
+      raise ValueError(f"feature {name}: bytes lists are not in the schema")
+  return out
+
+
+def read_index(shard_path: str) -> np.ndarray:
+  """The record offsets of a shard from its `.index` file."""
+  return np.fromfile(shard_path + tfrecord.INDEX_SUFFIX, dtype="<i8")
+
+
+def scanned_index(shard_path: str) -> tfrecord.FileIndex:
+  """The shard's index found by walking its frames (its .index unused)."""
+  return tfrecord._scan(shard_path, os.path.getsize(shard_path), False)  # pylint: disable=protected-access
+
+
+def iter_records(path: str) -> list[bytes]:
+  """The data of every record of a TFRecord file, CRCs checked (raises
+  tfrecord.CorruptRecordError on a bad frame)."""
+  index = scanned_index(path)
+  data = tfrecord.RecordReader([path]).read(
+      np.zeros(len(index), np.int64), index.offsets, index.lengths)
+  for item in data:
+    if isinstance(item, Exception):
+      raise item
+  return data
+
+
+def check_index(shard_path: str, expected: Optional[int] = None) -> int:
+  """Checks that a shard's .index matches its frames; returns the count."""
+  offsets, actual = read_index(shard_path), scanned_index(shard_path).offsets
+  if not np.array_equal(offsets, actual):
+    raise ValueError(f"{shard_path}.index does not match {shard_path}")
+  if expected is not None and len(actual) != expected:
+    raise ValueError(f"{shard_path}: {len(actual)} records, expected {expected}")
+  return len(actual)

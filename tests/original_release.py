@@ -5,6 +5,8 @@ which would clash with other tests' flags in the pytest process.
 
   python original_release.py tokenize VOCAB LOWER IN_JSON OUT_JSON
       The release's FullTokenizer: ids of every text of IN_JSON.
+  python original_release.py tokenize-cases VOCAB IN_JSON OUT_JSON
+      The same, lower-cased and cased: {"uncased": ids, "cased": ids}.
   python original_release.py read MAX_SEQ MAX_PRED OUT_NPZ FILE...
       The release's pretraining input_fn (run_pretraining.input_fn_builder,
       evaluation mode): every whole batch of 8 it yields, as arrays.
@@ -17,16 +19,30 @@ import types
 import numpy as np
 
 
-def tokenize(vocab, lower, in_json, out_json):
+def _full_tokenizer_ids(vocab, lower, texts):
   from absl import flags  # pylint: disable=g-import-not-at-top
   from bert import tokenization  # pylint: disable=g-import-not-at-top
-  flags.FLAGS.mark_as_parsed()
-  tok = tokenization.FullTokenizer(vocab, do_lower_case=lower == "1")
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+  tok = tokenization.FullTokenizer(vocab, do_lower_case=lower)
+  return [tok.convert_tokens_to_ids(tok.tokenize(t)) for t in texts]
+
+
+def tokenize(vocab, lower, in_json, out_json):
   with open(in_json, encoding="utf-8") as f:
     texts = json.load(f)
-  ids = [tok.convert_tokens_to_ids(tok.tokenize(t)) for t in texts]
+  ids = _full_tokenizer_ids(vocab, lower == "1", texts)
   with open(out_json, "w", encoding="utf-8") as f:
     json.dump(ids, f)
+
+
+def tokenize_cases(vocab, in_json, out_json):
+  with open(in_json, encoding="utf-8") as f:
+    texts = json.load(f)
+  out = {name: _full_tokenizer_ids(vocab, lower, texts)
+         for name, lower in (("uncased", True), ("cased", False))}
+  with open(out_json, "w", encoding="utf-8") as f:
+    json.dump(out, f)
 
 
 def read(max_seq, max_pred, out_npz, files):
@@ -52,6 +68,8 @@ if __name__ == "__main__":
   command, args = sys.argv[1], sys.argv[2:]
   if command == "tokenize":
     tokenize(*args)
+  elif command == "tokenize-cases":
+    tokenize_cases(*args)
   elif command == "read":
     read(args[0], args[1], args[2], args[3:])
   else:

@@ -112,7 +112,7 @@ def test_gzip_input_reads_and_creates_the_same_as_plain(tmp_path, vocab_file):
 
 
 def test_remote_paths_go_through_gfile(tmp_path):
-  tf = pytest.importorskip("tensorflow")
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
   root = "ram://bertjax_corpus_test"
   tf.io.gfile.makedirs(root + "/docs")
   text = b"First sentence.\nSecond sentence.\n\nOther document.\nEnd.\n"
@@ -136,8 +136,8 @@ def test_remote_paths_go_through_gfile(tmp_path):
 
 
 def test_tfds_ingestion_offline(tmp_path, vocab_file):
-  tf = pytest.importorskip("tensorflow")
-  tfds = pytest.importorskip("tensorflow_datasets")
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   rng = random.Random(5)
   texts = [" ".join(_sentence(rng) for _ in range(rng.randint(2, 6)))
            + "\n" + _sentence(rng) for _ in range(24)]

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from bertjax.create import demo
-from bertjax.create import records
 from bertjax.records import schema
+import data_utils
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def test_paths_and_layout(built):
       assert md.max_seq_length == length
       assert md.max_predictions_per_seq == demo.PHASES[length]
       assert [os.path.basename(f) for f in files] == [f["name"] for f in md.files]
-      assert sum(records.check_index(f) for f in files) == md.num_instances
+      assert sum(data_utils.check_index(f) for f in files) == md.num_instances
   train_128 = schema.read_metadata(os.path.dirname(built["train"][128]))
   assert train_128.num_instances >= 3000
   assert schema.read_metadata(os.path.dirname(built["eval"][128])).num_instances >= 200
@@ -68,8 +68,8 @@ def test_vocab_and_tokens_are_sensible(built):
   path = sorted(glob.glob(built["train"][128]))[0]
   ids = []
   nsp = []
-  for data in list(records.iter_records(path))[:500]:
-    ex = records.decode_example(data)
+  for data in list(data_utils.iter_records(path))[:500]:
+    ex = data_utils.decode_example(data)
     n = int(ex["input_mask"].sum())
     ids.extend(ex["input_ids"][:n].tolist())
     nsp.append(int(ex["next_sentence_labels"][0]))

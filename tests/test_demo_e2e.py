@@ -72,7 +72,7 @@ def test_rerun_reports_the_run_complete(run, caplog):
 
 
 def test_export_loads_in_transformers_with_the_same_outputs(run, tmp_path):
-  transformers = pytest.importorskip("transformers")
+  import transformers  # pylint: disable=g-import-not-at-top
   workdir, _ = run
   out = str(tmp_path / "hf")
   result = subprocess.run(

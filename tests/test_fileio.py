@@ -72,6 +72,44 @@ def test_retry_cures_transient_errors_and_stops_on_permanent_ones():
     raise TimeoutError("slow")
 
   calls.clear()
+  retries = []
   with pytest.raises(TimeoutError):
-    fileio.retry(always, "read", attempts=4, initial_delay=0.001)
-  assert len(calls) == 4
+    fileio.retry(always, "read", attempts=4, initial_delay=0.001,
+                 on_retry=lambda: retries.append(1))
+  assert len(calls) == 4 and len(retries) == 3
+
+
+def test_glob_leaves_out_temporaries_locally_and_remotely(tmp_path):
+  tf = pytest.importorskip("tensorflow")
+  names = ["part-0.tfrecord", "part-1.tfrecord.tmp-4242", "part-2.tfrecord.tmp",
+           ".part-3.tfrecord.tmp-7", ".hidden", "part-4.tfrecord.tmp-9.index",
+           "x.tmpl"]
+  for name in names:
+    (tmp_path / name).write_text("x")
+    with tf.io.gfile.GFile(f"ram://tmpglob/{name}", "w") as f:
+      f.write("x")
+  want = ["part-0.tfrecord", "x.tmpl"]
+  assert [os.path.basename(p) for p in fileio.glob(str(tmp_path / "*"))] == want
+  assert [os.path.basename(p) for p in fileio.glob("ram://tmpglob/*")] == want
+  assert fileio.is_temporary(fileio.temporary_path(str(tmp_path / "part-0.tfrecord")))
+
+
+def test_registered_filesystem_serves_its_scheme(tmp_path):
+  (tmp_path / "a.txt").write_text("hello")
+
+  class Local:
+    """tf.io.gfile's functions for mem://<local path>."""
+    glob = staticmethod(lambda p: [p])
+    isdir = staticmethod(lambda p: False)
+    exists = staticmethod(lambda p: os.path.exists(p[len("mem://"):]))
+    GFile = staticmethod(lambda p, mode="rb": open(p[len("mem://"):], mode))  # pylint: disable=consider-using-with
+
+  fileio.register_filesystem("mem", Local)
+  try:
+    path = "mem://" + str(tmp_path / "a.txt")
+    assert fileio.exists(path) and fileio.read_text(path) == "hello"
+    assert fileio.glob(path) == [path]
+  finally:
+    fileio.register_filesystem("mem", None)
+  with pytest.raises(Exception):  # Back to tf.io.gfile, which knows no mem://.
+    fileio.read_text(path)

@@ -18,11 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-transformers = pytest.importorskip("transformers")
+import transformers
 
-from bertjax.convert import hf  # pylint: disable=g-import-not-at-top
-from bertjax.convert import hf_files  # pylint: disable=g-import-not-at-top
-from bertjax.model.bert import BertForPreTraining, BertModel  # pylint: disable=g-import-not-at-top
+from bertjax.convert import hf
+from bertjax.convert import hf_files
+from bertjax.model.bert import BertForPreTraining, BertModel
 
 ATOL = 1e-5
 BATCH, LENGTH, PREDICTIONS = 4, 24, 5

@@ -314,7 +314,7 @@ def test_parameter_counts(size, expected):
   assert _count(_abstract_params(padded)) == expected + 70 * (size["hidden_size"] + 1)
   assert _formula(30522, size["hidden_size"], size["num_layers"],
                   size["intermediate_size"]) == expected
-  transformers = pytest.importorskip("transformers")
+  import transformers  # pylint: disable=g-import-not-at-top
   hf_config = transformers.BertConfig(
       vocab_size=30522, hidden_size=size["hidden_size"], num_hidden_layers=size["num_layers"],
       num_attention_heads=size["num_heads"], intermediate_size=size["intermediate_size"])

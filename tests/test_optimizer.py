@@ -207,6 +207,62 @@ def test_adamw_with_bias_correction_is_optax_adamw():
     np.testing.assert_allclose(x, by_name(want)[name], rtol=1e-6, atol=1e-7, err_msg=name)
 
 
+def _hand_lamb(params, grads_seq, lr, b1, b2, eps, wd, clip, decayed, adapted=None):
+  """LAMB as NVIDIA's and TF-Addons' write it, in numpy: bias-corrected Adam
+  plus decoupled decay for the `decayed` parameters, times ||w|| / ||update||
+  for the `adapted` ones (by default the same)."""
+  adapted = decayed if adapted is None else adapted
+  m = {k: np.zeros_like(v, np.float64) for k, v in params.items()}
+  v = {k: np.zeros_like(x, np.float64) for k, x in params.items()}
+  p = {k: x.astype(np.float64) for k, x in params.items()}
+  for t, grads in enumerate(grads_seq, start=1):
+    norm = np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for g in grads.values()))
+    scale = min(1.0, clip / norm) if clip else 1.0
+    for k in p:
+      g = grads[k] * scale
+      m[k] = b1 * m[k] + (1 - b1) * g
+      v[k] = b2 * v[k] + (1 - b2) * g * g
+      update = (m[k] / (1 - b1 ** t)) / (np.sqrt(v[k] / (1 - b2 ** t)) + eps)
+      ratio = 1.0
+      if decayed[k]:
+        update = update + wd * p[k]
+      if adapted[k]:
+        w_norm, u_norm = np.linalg.norm(p[k]), np.linalg.norm(update)
+        ratio = w_norm / u_norm if w_norm > 0 and u_norm > 0 else 1.0
+      p[k] = p[k] - lr * ratio * update
+  return p
+
+
+def test_lamb_matches_the_reference_and_spares_biases_and_layer_norm():
+  rng = np.random.default_rng(3)
+  params = {"dense": {"kernel": rng.normal(0, 0.5, (6, 4)).astype(np.float32),
+                      "bias": rng.normal(0, 0.1, (4,)).astype(np.float32)},
+            "layer_norm": {"scale": (1 + rng.normal(0, 0.1, (4,))).astype(np.float32),
+                           "bias": rng.normal(0, 0.1, (4,)).astype(np.float32)}}
+  grads_seq = [jax.tree.map(lambda x: rng.normal(0, 2, x.shape).astype(np.float32),
+                            params) for _ in range(4)]
+  lr, wd, clip = 1e-2, 0.01, 1.0
+  config = optimizer_config(name="lamb", learning_rate=lr, weight_decay=wd, clip_norm=clip)
+  tx = opt_lib.make_optimizer(config, optax.constant_schedule(lr))
+  state, p = tx.init(params), params
+  for grads in grads_seq:
+    updates, state = jax.jit(tx.update)(grads, state, p)
+    p = optax.apply_updates(p, updates)
+  adapted = by_name(opt_lib.decay_mask(params))
+  assert adapted == {"dense/kernel": True, "dense/bias": False,
+                     "layer_norm/scale": False, "layer_norm/bias": False}
+  flat = lambda tree: {k: np.asarray(x) for k, x in by_name(tree).items()}
+  expected = _hand_lamb(flat(params), [flat(g) for g in grads_seq], lr, 0.9, 0.999,
+                        1e-6, wd, clip, adapted)
+  for k, x in flat(p).items():
+    np.testing.assert_allclose(x, expected[k], rtol=2e-5, atol=1e-6, err_msg=k)
+  # A trust ratio on every parameter differs from it.
+  everywhere = _hand_lamb(flat(params), [flat(g) for g in grads_seq], lr, 0.9, 0.999,
+                          1e-6, wd, clip, adapted, {k: True for k in adapted})
+  assert not np.allclose(everywhere["layer_norm/scale"], expected["layer_norm/scale"],
+                         rtol=1e-3)
+
+
 def test_unknown_optimizer_name_is_refused():
   with pytest.raises(ValueError, match="optimizer.name"):
     opt_lib.make_optimizer(optimizer_config(name="sgd"), optax.constant_schedule(1.0))

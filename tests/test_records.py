@@ -5,13 +5,14 @@ import random
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from bertjax.create import instance_batches
 from bertjax.create import record_batches
 from bertjax.create import records
 from bertjax.records import schema
-
-tf = pytest.importorskip("tensorflow")
+from bertjax.records import tfrecord
+import data_utils
 
 
 def _feature_spec(max_seq_length, max_predictions_per_seq):
@@ -46,13 +47,13 @@ def test_encoder_bytes_equal_tensorflow_and_parse_identically(
   spec = _feature_spec(max_seq_length, max_pred)
   for inst in _random_instances(0, 50, max_seq_length, max_pred, vocab_size):
     data = enc.encode(*inst)
-    features = records.features_of(*inst, max_seq_length, max_pred)
-    reference = records.tf_example_bytes(features)
+    features = data_utils.features_of(*inst, max_seq_length, max_pred)
+    reference = data_utils.tf_example_bytes(features)
     assert data == reference
     parsed = tf.io.parse_single_example(data, spec)
     for name, values in features.items():
       np.testing.assert_array_equal(parsed[name].numpy(), np.asarray(values))
-    decoded = records.decode_example(data)
+    decoded = data_utils.decode_example(data)
     for name, values in features.items():
       np.testing.assert_array_equal(decoded[name], np.asarray(values))
 
@@ -108,7 +109,7 @@ def test_framing_matches_tf_record_writer(tmp_path):
   assert records.write_shard(ours, payloads) == len(payloads)
   with open(ref, "rb") as a, open(ours, "rb") as b:
     assert a.read() == b.read()
-  assert list(records.iter_records(ours)) == payloads
+  assert list(data_utils.iter_records(ours)) == payloads
   assert [r.numpy() for r in tf.data.TFRecordDataset(ours)] == payloads
 
 
@@ -118,13 +119,16 @@ def test_index_gives_record_offsets(tmp_path):
   path = str(tmp_path / records.shard_name(3, 8))
   assert path.endswith("part-00003-of-00008.tfrecord")
   records.write_shard(path, data)
-  offsets = records.read_index(path)
+  offsets = data_utils.read_index(path)
   assert offsets.dtype == np.dtype("<i8") and len(offsets) == 200
   assert os.path.getsize(records.index_path(path)) == 8 * 200
-  with open(path, "rb") as f:
-    for i in (0, 17, 199):
-      assert records.read_record_at(f, int(offsets[i])) == data[i]
-  assert records.check_index(path, 200) == 200
+  index = tfrecord.load_index(path)
+  np.testing.assert_array_equal(index.offsets, offsets)
+  picks = np.array([0, 17, 199])
+  got = tfrecord.RecordReader([path]).read(np.zeros(3, np.int64), offsets[picks],
+                                           index.lengths[picks])
+  assert got == [data[i] for i in picks]
+  assert data_utils.check_index(path, 200) == 200
   assert not [n for n in os.listdir(tmp_path) if ".tmp" in n]
 
 
@@ -134,11 +138,37 @@ def test_corrupt_record_is_detected(tmp_path):
   with open(path, "r+b") as f:
     f.seek(14)
     f.write(b"J")
-  with pytest.raises(ValueError, match="crc mismatch"):
-    list(records.iter_records(path))
+  with pytest.raises(tfrecord.CorruptRecordError, match="byte offset 0: the data's CRC"):
+    data_utils.iter_records(path)
 
 
 def test_empty_shard(tmp_path):
   path = str(tmp_path / "e.tfrecord")
   assert records.write_shard(path, []) == 0
-  assert os.path.getsize(path) == 0 and len(records.read_index(path)) == 0
+  assert os.path.getsize(path) == 0 and len(data_utils.read_index(path)) == 0
+
+
+def test_scan_finds_the_next_intact_frame_after_inserted_garbage(tmp_path):
+  payloads = [os.urandom(n) for n in (50, 0, 300, 7, 1000)]
+  frames = [records.frame(p) for p in payloads]
+  garbage = b"\x00" * 40 + os.urandom(200)
+  path = str(tmp_path / "g.tfrecord")
+  with open(path, "wb") as f:
+    f.write(b"".join(frames[:3]) + garbage + b"".join(frames[3:]))
+  at = sum(len(fr) for fr in frames[:3])
+  with pytest.raises(tfrecord.CorruptRecordError, match=f"byte offset {at}: the length's CRC"):
+    tfrecord.load_index(path)
+  index = tfrecord.load_index(path, skip_corrupt=True)
+  assert index.dropped == 1 and len(index) == 5
+  got = tfrecord.RecordReader([path]).read(np.zeros(5, np.int64), index.offsets,
+                                           index.lengths)
+  assert got == payloads
+  with pytest.raises(tfrecord.CorruptRecordError):  # Not from the skipping cache.
+    tfrecord.load_index(path)
+  # Not a TFRecord file at all: an error at offset 0, without a search.
+  text = str(tmp_path / "t.tfrecord")
+  with open(text, "w") as f:
+    f.write("plain text, " * 100_000)
+  with pytest.raises(tfrecord.CorruptRecordError, match="byte offset 0: "):
+    tfrecord.load_index(text)
+  assert len(tfrecord.load_index(text, skip_corrupt=True)) == 0

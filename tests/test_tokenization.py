@@ -1,24 +1,30 @@
 """Tests of the tokenizers (bertjax/text/tokenization.py, basic_tokenizer.py).
 
-WordPiece is checked id for id against transformers' BertTokenizer (the
-original algorithm in Python) with the same vocab, uncased and cased.
+WordPiece is checked id for id against the original release's FullTokenizer
+(bert-tensorflow, run in a subprocess by original_release.py) with the same
+vocab, uncased and cased, on an adversarial set of texts; the "hf" variant
+against transformers' BertTokenizer.
 """
 
 import json
 import os
 import pickle
 import random
+import subprocess
+import sys
 import unicodedata
 
 import numpy as np
 import pytest
+import tokenizers
+import transformers
 
 from bertjax.records import schema
 from bertjax.text import ascii_words
-from bertjax.text import basic_tokenizer
 from bertjax.text import tokenization
 from bertjax.text import vocab as vocab_lib
 
+HELPER = os.path.join(os.path.dirname(__file__), "original_release.py")
 # Scripts and symbols the parity vocab covers (every character, its lower
 # case and its decomposition, each also as a "##" continuation).
 _RANGES = ((0x21, 0x7F), (0xA0, 0x250), (0x300, 0x370), (0x370, 0x500),
@@ -28,20 +34,45 @@ _RANGES = ((0x21, 0x7F), (0xA0, 0x250), (0x300, 0x370), (0x370, 0x500),
            (0x3000, 0x30A0), (0x4E00, 0x4F00), (0xAC00, 0xAC80),
            (0xFF00, 0xFF5F), (0x2B800, 0x2B840), (0x1F300, 0x1F650),
            (0x1F900, 0x1FB00))
+# Characters where a ready-made pipeline goes wrong: controls and format
+# characters (Cc, Cf: dropped), unassigned and private-use ones (kept by the
+# original: U+0378, U+1FAE8 and U+1C89 are unassigned in Unicode 14, U+E000
+# and U+F0000 private), U+11938 (decomposed by NFD), combining marks with
+# and without a canonical class (U+1D165 is Mc with class 216), CJK at the
+# edges of the original's ranges, punctuation whose category changed
+# (U+166D), special casing (İ, ß, ﬁ, final sigma) and whitespace.
+_ODD = ("\x00\x01\x0b\x1f\x7f\x85\x9f\u00ad\u200b\u200d\ufeff\u2060\u180e"
+        "\U000e0041\ufffd\u0378\U0001fae8\u1c89\ue000\U000f0000\U00011938"
+        "\U00011935\U00011930\u0301\u0327\u0308\U0001d165\U0001d16d\u093f"
+        "\u0f39\u20dd\u4e00\u9fff\u3400\U0002b820\U0002b91f\U0002ceaf"
+        "\uf900\U0002f800\u2f00\u166d\u00b7\u0387\u2e3a\u00bf\u00a1\u2026"
+        "\u0130\u00df\ufb01\u216b\u2460\u03a3\u03c3\u03c2\u1e9e\u01c5\u212b"
+        "\u00e9\u00c5\u0130\u0390\u1f88\u0627\u0939\u0e44\ud55c\u0416")
+_SPACES = " \t\n\r\u3000\u00a0\u2028\u2029\u1680\u202f"
 _WORDS = ["un", "##want", "##ed", "wa", "want", "runn", "##ing", "hello",
-          "world", "the", "café", "cafe", "naive", "##ly", "ab", "##cd",
-          "οδος", "ς", "straße", "日本"]
+          "world", "the", "café", "cafe", "cafe\u0301", "naive", "##ly",
+          "ab", "##cd", "οδος", "οδοσ", "ς", "straße", "日本", "##ς"]
 _TEXTS = [
     "Hello, World! The café's naïve résumé — Ångström & Co. (1998).",
     "unwanted running unwantedX running",
     "中文字符和日本語のテキスト、全角ＡＢＣ１２３。한국어 텍스트",
     "¿Qué pasó? ¡Sí! «Guillemets» „Anführung“ ‘single’ “double” …",
-    "a" * 99 + " " + "b" * 100 + " " + "c" * 101 + " " + "é" * 101,
     "ctrl\x00chars\x01here\x7f and\u200bzero\ufeffwidth\ufffdreplaced\x85",
     "tabs\tnew\nlines\r\nideographic\u3000nbsp\u00a0line\u2028para\u2029",
-    "Emoji: I ❤️ 🤗 and 👍🏽 and 🫨 (newer than Python's Unicode) and 🧑‍💻",
-    "ΟΔΟΣ ΑΣ. İstanbul STRASSE straße ﬁne e\u0301 ǅ Ⅻ ①",
+    "Emoji: I ❤️ 🤗 and 👍🏽 and 🫨 (newer than Unicode 14) and 🧑‍💻",
+    # Final sigma: the original lower-cases whole words.
+    "ΟΔΟΣ ΑΣ. ΟΔΟΣ\u200bΑ ΑΣ\x01Β Σ ΣΑ ΑΣ΄ Α\u0301Σ",
+    "İstanbul STRASSE straße ﬁne ǅ Ⅻ ① Å \u1c89\u1c8a \U00011938",
+    # NFD and NFC forms: cased text is not normalised.
+    "cafe\u0301 café e\u0301\u0327 e\u0327\u0301 a\u200b\u0301\u0327",
     "العربية हिन्दी ไทย Ελληνικά Русский 3.14 1,000 $5 50% a/b a-b a_b",
+    "private \ue000\U000f0000 unassigned \u0378\U00040000 \U0002b820\uf900",
+    # Words of 99 to 202 characters (the original's limit is 200).
+    " ".join(c * n for c, n in (("a", 99), ("b", 100), ("c", 101),
+                                ("d", 150), ("e", 200), ("f", 201))),
+    " ".join(["é" * 101, "É" * 200, "é" * 201, "e\u0301" * 100,
+              "e\u0301" * 101, "Σ" * 150, "ab" * 100 + "!", "日" * 250]),
+    "[MASK] [CLS] [unused0] ##ing",
     "no  double   spaces    and trailing   ",
     "",
     "   ",
@@ -50,69 +81,41 @@ _TEXTS = [
 
 def _parity_vocab(path):
   chars = set()
-  for a, b in _RANGES:
-    for cp in range(a, b):
-      ch = chr(cp)
-      for c in (ch, ch.lower(), *unicodedata.normalize("NFD", ch),
-                *unicodedata.normalize("NFD", ch.lower())):
-        if len(c) == 1 and not c.isspace():
-          chars.add(c)
+  for ch in [chr(cp) for a, b in _RANGES for cp in range(a, b)] + list(_ODD):
+    for c in (ch, ch.lower(), *unicodedata.normalize("NFD", ch),
+              *unicodedata.normalize("NFD", ch.lower())):
+      if len(c) == 1 and not c.isspace():
+        chars.add(c)
   tokens = list(schema.SPECIAL_TOKENS) + _WORDS + sorted(chars) + [
       "##" + c for c in sorted(chars)]
   tokens = list(dict.fromkeys(tokens))
   with open(path, "w", encoding="utf-8") as f:
     f.write("\n".join(tokens) + "\n")
-  return path, sorted(chars)
+  return path
 
 
-@pytest.fixture(scope="module")
-def parity(tmp_path_factory):
-  transformers = pytest.importorskip("transformers")
-  path, chars = _parity_vocab(str(tmp_path_factory.mktemp("tok") / "vocab.txt"))
-  out = {"path": path, "chars": chars}
-  for lower in (True, False):
-    out[lower] = (tokenization.load_tokenizer("wordpiece", path, lower),
-                  transformers.BertTokenizer(path, do_lower_case=lower))
-  return out
-
-
-def _random_texts(chars, unmatched, n, seed):
+def _random_texts(n, seed):
+  """Mixes of every script of the vocab, the odd characters and spaces,
+  with now and then a word of 95 to 205 characters."""
   rng = random.Random(seed)
-  pool = ([c for c in chars if c not in unmatched]
-          + [chr(cp) for cp in range(0x20)] + ["\x7f", "\x85", "\ufffd"]
-          + list(" \t\n\u3000\u00a0\u2028") * 10 + list("abcdefg ") * 20
-          + ["Σ", "ΑΣ", "e\u0301", "İ", "\U0001fae8", "\U000e0041"] * 5)
-  return ["".join(rng.choice(pool) for _ in range(rng.randint(0, 40)))
-          for _ in range(n)]
-
-
-@pytest.mark.parametrize("lower", [True, False], ids=["uncased", "cased"])
-def test_wordpiece_matches_bert_tokenizer_id_for_id(parity, lower):
-  ours, ref = parity[lower]
-  # Characters whose Unicode category changed since the compiled tables.
-  assert len(ours.basic.unmatched) <= 5, ours.basic.unmatched
-  texts = _TEXTS + _random_texts(parity["chars"], ours.basic.unmatched, 1500,
-                                 seed=int(lower))
-  got = ours.encode_batch(texts)
-  assert [ours.encode(t) for t in texts[:50]] == got[:50]
-  mismatches = []
-  for text, ids in zip(texts, got):
-    want = ref.convert_tokens_to_ids(ref.tokenize(text))
-    if ids != want:
-      mismatches.append((text, ours.convert_ids_to_tokens(ids),
-                         ref.convert_ids_to_tokens(want)))
-  assert not mismatches, mismatches[:3]
-  # The texts exercised what they are meant to.
-  unk = ours.special_ids["unk"]
-  assert sum(ids.count(unk) for ids in got) > 10
-  assert sum(len(ids) for ids in got) > 10000
+  pool = ([chr(cp) for a, b in _RANGES for cp in range(a, b, 7)]
+          + list(_ODD) * 40 + list(_SPACES) * 30 + list("abcdefg ") * 20
+          + ["Σ", "ΑΣ", "e\u0301", "\U0001fae8"] * 10)
+  texts = []
+  for _ in range(n):
+    text = "".join(rng.choice(pool) for _ in range(rng.randint(0, 40)))
+    if rng.random() < 0.1:
+      word = "".join(rng.choice("aÉe\u0301Σς中") for _ in range(3))
+      text += " " + word * (rng.randint(95, 205) // 3)
+    texts.append(text)
+  return texts
 
 
 def _ascii_texts(n, seed):
   rng = random.Random(seed)
   pool = [chr(c) for c in range(128)] + list("abcdefghij  ") * 8
   words = ["the", "Python", "UNwanted", "running", "HELLO", "x" * 101,
-           "a" * 100, "caf", "it's", "e.g.", "1,000", "[mask"]
+           "a" * 200, "b" * 201, "caf", "it's", "e.g.", "1,000", "[mask"]
   out = []
   for _ in range(n):
     parts = [rng.choice(words) if rng.random() < 0.4 else "".join(
@@ -122,15 +125,66 @@ def _ascii_texts(n, seed):
   return out
 
 
+@pytest.fixture(scope="module")
+def oracle(tmp_path_factory):
+  """The vocab, the texts, and the original release's ids for them."""
+  root = tmp_path_factory.mktemp("tok")
+  path = _parity_vocab(str(root / "vocab.txt"))
+  texts = {"adversarial": _TEXTS + _random_texts(1500, seed=0),
+           "ascii": _ascii_texts(1500, seed=1)}
+  flat = [t for v in texts.values() for t in v]
+  in_json, out_json = root / "texts.json", root / "ids.json"
+  in_json.write_text(json.dumps(flat))
+  result = subprocess.run(
+      [sys.executable, HELPER, "tokenize-cases", path, in_json, out_json],
+      text=True, capture_output=True, timeout=600, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  ids = json.loads(out_json.read_text())
+  out = {"path": path, "texts": texts}
+  for lower, name in ((True, "uncased"), (False, "cased")):
+    n = len(texts["adversarial"])
+    out[lower] = {"adversarial": ids[name][:n], "ascii": ids[name][n:],
+                  "ours": tokenization.load_tokenizer("wordpiece", path,
+                                                      lower)}
+  return out
+
+
+def _mismatches(tok, texts, got, want):
+  return [(text, tok.convert_ids_to_tokens(g), tok.convert_ids_to_tokens(w))
+          for text, g, w in zip(texts, got, want) if g != w]
+
+
 @pytest.mark.parametrize("lower", [True, False], ids=["uncased", "cased"])
-def test_ascii_word_path_matches_bert_tokenizer(parity, lower):
-  # ASCII texts take the word-cache path (ascii_words.py): every ASCII
-  # character, newlines inside texts, words over 100 characters.
-  ours, ref = parity[lower]
-  texts = _ascii_texts(1500, seed=10 + lower)
+def test_wordpiece_matches_the_original_release_id_for_id(oracle, lower):
+  ours, want = oracle[lower]["ours"], oracle[lower]["adversarial"]
+  texts = oracle["texts"]["adversarial"]
   got = ours.encode_batch(texts)
-  for text, ids in zip(texts, got):
-    assert ids == ref.convert_tokens_to_ids(ref.tokenize(text)), text
+  assert not _mismatches(ours, texts, got, want)[:3]
+  assert [ours.encode(t) for t in texts[:50]] == got[:50]
+  # The set is adversarial: tokenizers' ready-made BERT pipeline (its
+  # normaliser, pre-tokenizer and 100-character limit) gets many wrong.
+  ready = tokenizers.Tokenizer(tokenizers.models.WordPiece(
+      ours.vocab, unk_token="[UNK]", max_input_chars_per_word=100))
+  ready.normalizer = tokenizers.normalizers.BertNormalizer(
+      lowercase=lower, strip_accents=lower)
+  ready.pre_tokenizer = tokenizers.pre_tokenizers.BertPreTokenizer()
+  theirs = [e.ids for e in ready.encode_batch(texts, add_special_tokens=False)]
+  wrong = _mismatches(ours, texts, theirs, want)
+  assert len(wrong) > 100, len(wrong)
+  assert {_TEXTS[12], _TEXTS[13]} <= {w[0] for w in wrong}
+  unk = ours.special_ids["unk"]
+  assert sum(ids.count(unk) for ids in got) > 100
+  assert sum(len(ids) for ids in got) > 30000
+
+
+@pytest.mark.parametrize("lower", [True, False], ids=["uncased", "cased"])
+def test_ascii_word_path_matches_the_original_release(oracle, lower):
+  # ASCII texts take the word-cache path (ascii_words.py): every ASCII
+  # character, newlines inside texts, words of 200 and 201 characters.
+  ours, want = oracle[lower]["ours"], oracle[lower]["ascii"]
+  texts = oracle["texts"]["ascii"]
+  got = ours.encode_batch(texts)
+  assert not _mismatches(ours, texts, got, want)[:3]
   assert got == ours._encode_compiled(texts)  # pylint: disable=protected-access
   assert sum(map(len, got)) > 20000
   # A cache that fills up starts over and gives the same ids.
@@ -145,44 +199,35 @@ def test_ascii_word_path_matches_bert_tokenizer(parity, lower):
       "Zebra Stripes")
   assert len(small._index) <= 40  # pylint: disable=protected-access
   # Batches mixing ASCII and other texts keep every text in its place.
-  others = _random_texts(parity["chars"], ours.basic.unmatched, 300, seed=5)
-  mixed = [t for pair in zip(texts[:300], others) for t in pair]
+  others = oracle["texts"]["adversarial"]
+  mixed = [t for pair in zip(texts[:300], others[:300]) for t in pair]
   ids, lengths = ours.encode_flat(mixed)
-  want = ours._encode_compiled(mixed)  # pylint: disable=protected-access
+  want = [x for pair in zip(want[:300], oracle[lower]["adversarial"][:300])
+          for x in pair]
   assert lengths.tolist() == [len(x) for x in want]
   assert ids.tolist() == [i for x in want for i in x]
   assert ids.dtype == np.int32
 
 
-def test_calibration_is_kept_on_disk(tmp_path, monkeypatch):
-  monkeypatch.setenv("BERTJAX_CACHE_DIR", str(tmp_path))
-  calibrate = basic_tokenizer._calibrate  # pylint: disable=protected-access
-  calibrate.cache_clear()
-  try:
-    computed = calibrate(True)
-    path = basic_tokenizer.cache_path(True)
-    assert os.path.dirname(path) == str(tmp_path) and os.path.exists(path)
-    calibrate.cache_clear()
-    loaded = calibrate(True)
-    assert loaded is not computed
-    assert loaded.table == computed.table
-    assert loaded.unmatched == computed.unmatched
-    assert loaded.pattern.pattern == computed.pattern.pattern
-    assert loaded.astral.pattern == computed.astral.pattern
-    # A damaged file is computed afresh and replaced.
-    with open(path, "w") as f:
-      f.write("{not json")
-    calibrate.cache_clear()
-    assert calibrate(True).table == computed.table
-    with open(path) as f:
-      assert json.load(f)["table"] == computed.table
-    monkeypatch.setenv("BERTJAX_CACHE_DIR", "")
-    assert basic_tokenizer.cache_path(True) is None
-  finally:
-    calibrate.cache_clear()
+@pytest.mark.parametrize("lower", [True, False], ids=["uncased", "cased"])
+def test_hf_variant_matches_transformers_bert_tokenizer(oracle, lower):
+  path = oracle["path"]
+  ours = tokenization.load_tokenizer("wordpiece", path, lower, compat="hf")
+  ref = transformers.BertTokenizer(path, do_lower_case=lower)
+  # BertTokenizer keeps special-token literals whole; bertjax splits them.
+  texts = [t for t in oracle["texts"]["adversarial"]
+           + oracle["texts"]["ascii"][:300] if "[MASK]" not in t]
+  assert ours.tokenize("[MASK]") != ref.tokenize("[MASK]") == ["[MASK]"]
+  got = ours.encode_batch(texts)
+  want = [ref.convert_tokens_to_ids(ref.tokenize(t)) for t in texts]
+  assert not _mismatches(ours, texts, got, want)[:3]
+  # It is a different tokenizer from the original's default.
+  assert got != oracle[lower]["ours"].encode_batch(texts)
+  assert ours.describe()["compat"] == "hf"
+  assert pickle.loads(pickle.dumps(ours)).encode_batch(texts[:20]) == got[:20]
 
 
-def test_wordpiece_known_answers(parity, tmp_path):
+def test_wordpiece_known_answers(oracle, tmp_path):
   # The original release's own test vocab and answers.
   path = tmp_path / "vocab.txt"
   path.write_text("\n".join(list(schema.SPECIAL_TOKENS) + [
@@ -196,21 +241,26 @@ def test_wordpiece_known_answers(parity, tmp_path):
   cased = tokenization.load_tokenizer("wordpiece", str(path), False)
   assert cased.tokenize("UNwanted wanted") == ["[UNK]", "want", "##ed"]
   assert cased.tokenize("unwant\u00e9d") == ["[UNK]"]  # Accents kept.
-  tok = parity[True][0]
+  tok, cased = oracle[True]["ours"], oracle[False]["ours"]
   assert tok.tokenize("Café") == ["cafe"]
-  assert parity[False][0].tokenize("café") == ["café"]
-  assert tok.tokenize("a" * 100) == ["a"] + ["##a"] * 99
-  assert tok.tokenize("a" * 101) == ["[UNK]"]
+  assert cased.tokenize("café") == ["café"]
+  assert cased.tokenize("cafe\u0301") == ["cafe\u0301"]  # Not NFC.
+  assert tok.tokenize("ΟΔΟΣ") == ["οδος"]  # Final sigma.
+  assert tok.tokenize("a" * 200) == ["a"] + ["##a"] * 199
+  assert tok.tokenize("a" * 201) == ["[UNK]"]
   assert tok.tokenize("a\x00b\u200bc") == ["ab", "##c"]  # Controls go.
+  assert tok.tokenize("\U0001fae8") == ["\U0001fae8"]  # Unassigned: kept.
   # Special-token literals are split like any text, so text never yields
   # a special id other than [UNK].
   assert tok.tokenize("[MASK] [CLS]") == ["[", "m", "##a", "##s", "##k", "]",
                                           "[", "c", "##l", "##s", "]"]
   assert tok.encode_batch([]) == [] and tok.encode("") == []
+  with pytest.raises(ValueError, match="compat='google': must be one of"):
+    tokenization.load_tokenizer("wordpiece", str(path), compat="google")
 
 
-def test_word_starts_and_metadata(parity):
-  tok = parity[True][0]
+def test_word_starts_and_metadata(oracle):
+  tok = oracle[True]["ours"]
   tokens = tok.tokens
   assert tok.vocab_size == len(tokens) == len(tok.is_word_start)
   assert all(s == (not t.startswith("##"))
@@ -221,12 +271,13 @@ def test_word_starts_and_metadata(parity):
         len(ids) - 1)
   assert tok.special_ids == {"pad": 0, "unk": 1, "cls": 2, "sep": 3,
                              "mask": 4}
-  with open(parity["path"], encoding="utf-8") as f:
+  with open(oracle["path"], encoding="utf-8") as f:
     file_tokens = f.read().split("\n")[:-1]
   assert tok.vocab_hash() == schema.vocab_hash(file_tokens)
   assert tok.describe() == {"type": "wordpiece", "do_lower_case": True,
                             "vocab_file": "vocab.txt",
-                            "vocab_size": len(file_tokens)}
+                            "vocab_size": len(file_tokens),
+                            "compat": "original"}
   assert tok.convert_tokens_to_ids(["hello", "nope"]) == [
       tok.vocab["hello"], tok.special_ids["unk"]]
 
@@ -271,7 +322,6 @@ _SYLLABLES = ("ka to ri mu se na po li ve da gu shi ren tal mon ex pre "
 
 @pytest.fixture(scope="module", params=["unigram", "bpe"])
 def sentencepiece_model(request, tmp_path_factory):
-  pytest.importorskip("sentencepiece")
   root = tmp_path_factory.mktemp("spm")
   rng = random.Random(0)
   words = ["".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(1, 4)))

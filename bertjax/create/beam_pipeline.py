@@ -23,22 +23,8 @@ from bertjax.create import creation
 from bertjax.create import documents
 from bertjax.create import mapper
 from bertjax.create import records
+from bertjax.records import fileio
 from bertjax.records import schema
-
-
-def _open(path: str, mode: str):
-  if "://" in path:
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    return tf.io.gfile.GFile(path, mode)
-  return open(path, mode)
-
-
-def _makedirs(path: str) -> None:
-  if "://" in path:
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    tf.io.gfile.makedirs(path)
-  else:
-    os.makedirs(path, exist_ok=True)
 
 
 def _build(pipeline, shards, tokenizer_spec, config, output_dir):
@@ -67,10 +53,10 @@ def _build(pipeline, shards, tokenizer_spec, config, output_dir):
     path = os.path.join(
         output_dir, records.shard_name(shard_index, config.num_output_shards))
     data, index = records.shard_bytes(e[1] for e in entries)
-    with _open(path + records.INDEX_SUFFIX, "wb") as f:
-      f.write(index)
-    with _open(path, "wb") as f:
-      f.write(data)
+    # The index first, then the shard: a shard file, once there, is complete
+    # and has its index (each written whole, through a temporary locally).
+    fileio.write_bytes(path + records.INDEX_SUFFIX, index)
+    fileio.write_bytes(path, data)
     return shard_index, len(entries)
 
   def merge_stats(stats_list):
@@ -85,8 +71,7 @@ def _build(pipeline, shards, tokenizer_spec, config, output_dir):
 
   def write_stats(stats, written):
     path = os.path.join(output_dir, creation.WORK_DIR, "beam_stats.json")
-    with _open(path, "w") as f:
-      f.write(json.dumps({"stats": stats, "written": dict(written)}))
+    fileio.write_text(path, json.dumps({"stats": stats, "written": dict(written)}))
 
   mapped = (pipeline
             | "InputShards" >> beam.Create(list(shards))
@@ -124,14 +109,13 @@ def run_beam(shards: Sequence[documents.InputShard],
                                           {}), output_dir)
     log(f"{output_dir}: complete already; nothing to do.")
     return existing
-  _makedirs(os.path.join(output_dir, creation.WORK_DIR))
+  fileio.makedirs(os.path.join(output_dir, creation.WORK_DIR))
   options = pipeline_options.PipelineOptions(
       list(pipeline_args or []) + [f"--runner={runner}"])
   with beam.Pipeline(options=options) as p:
     _build(p, shards, tokenizer_spec, config, output_dir)
-  with _open(os.path.join(output_dir, creation.WORK_DIR, "beam_stats.json"),
-             "r") as f:
-    result = json.loads(f.read())
+  result = json.loads(fileio.read_text(
+      os.path.join(output_dir, creation.WORK_DIR, "beam_stats.json")))
   stats, written = result["stats"], {int(k): v for k, v in
                                      result["written"].items()}
   S = config.num_output_shards
@@ -140,10 +124,8 @@ def run_beam(shards: Sequence[documents.InputShard],
     if s not in written:  # No instance fell into this shard.
       if stats["instances"][s]:
         raise RuntimeError(f"shard {s} was not written.")
-      with _open(path + records.INDEX_SUFFIX, "wb") as f:
-        f.write(b"")
-      with _open(path, "wb") as f:
-        f.write(b"")
+      fileio.write_bytes(path + records.INDEX_SUFFIX, b"")
+      fileio.write_bytes(path, b"")
     elif written[s] != stats["instances"][s]:
       raise RuntimeError(f"shard {s}: wrote {written[s]} records, mapped "
                          f"{stats['instances'][s]}.")
@@ -151,7 +133,7 @@ def run_beam(shards: Sequence[documents.InputShard],
                                      stats["instances"], stats["tokens"],
                                      stats["report"])
   schema.write_metadata(output_dir, metadata)
-  if "://" not in output_dir:
+  if not fileio.is_remote(output_dir):
     import shutil  # pylint: disable=g-import-not-at-top
     shutil.rmtree(os.path.join(output_dir, creation.WORK_DIR),
                   ignore_errors=True)

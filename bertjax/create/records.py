@@ -16,10 +16,11 @@ the file) and the number of records is `len(offsets)`.
 
 import os
 import struct
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 
+from bertjax.records import fileio
 from bertjax.records import tfrecord
 
 INDEX_SUFFIX = ".index"
@@ -121,82 +122,6 @@ class ExampleEncoder:
                        instance.is_random_next)
 
 
-def features_of(input_ids, num_a, masked_lm_positions, masked_lm_ids,
-                is_random_next, max_seq_length, max_predictions_per_seq
-                ) -> dict[str, list]:
-  """The padded feature lists of one instance (the original's layout)."""
-  n, k = len(input_ids), len(masked_lm_positions)
-  pad_l, pad_p = max_seq_length - n, max_predictions_per_seq - k
-  return {
-      "input_ids": list(input_ids) + [0] * pad_l,
-      "input_mask": [1] * n + [0] * pad_l,
-      "segment_ids": [0] * (num_a + 2) + [1] * (n - num_a - 2) + [0] * pad_l,
-      "masked_lm_positions": list(masked_lm_positions) + [0] * pad_p,
-      "masked_lm_ids": list(masked_lm_ids) + [0] * pad_p,
-      "masked_lm_weights": [1.0] * k + [0.0] * pad_p,
-      "next_sentence_labels": [1 if is_random_next else 0],
-  }
-
-
-def tf_example_bytes(features: dict[str, list]) -> bytes:
-  """The same record built with TensorFlow's proto classes (for checks)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  feature = {}
-  for name in FEATURE_ORDER:
-    values = features[name]
-    if name == "masked_lm_weights":
-      feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=values))
-    else:
-      feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=values))
-  return tf.train.Example(features=tf.train.Features(
-      feature=feature)).SerializeToString(deterministic=True)
-
-
-def decode_example(data: bytes) -> dict[str, np.ndarray]:
-  """Parses a serialised Example of int64/float lists into numpy arrays.
-
-  A small protobuf reader for tools and tests that run without TensorFlow.
-  """
-  def read_varint(buf, pos):
-    result = shift = 0
-    while True:
-      b = buf[pos]
-      pos += 1
-      result |= (b & 0x7F) << shift
-      if b < 0x80:
-        return result, pos
-      shift += 7
-
-  def fields(buf):
-    pos = 0
-    while pos < len(buf):
-      tag, pos = read_varint(buf, pos)
-      if tag & 7 != _LEN:
-        raise ValueError(f"unexpected wire type {tag & 7} in Example")
-      size, pos = read_varint(buf, pos)
-      yield tag >> 3, buf[pos:pos + size]
-      pos += size
-
-  out = {}
-  (_, features), = fields(data)
-  for _, entry in fields(features):
-    parts = dict(fields(entry))
-    name = parts[1].decode()
-    (kind, lst), = fields(parts[2])
-    payload = b"".join(v for _, v in fields(lst))
-    if kind == 2:
-      out[name] = np.frombuffer(payload, "<f4").copy()
-    elif kind == 3:
-      values, pos = [], 0
-      while pos < len(payload):
-        v, pos = read_varint(payload, pos)
-        values.append(v - (1 << 64) if v >= 1 << 63 else v)
-      out[name] = np.asarray(values, np.int64)
-    else:
-      raise ValueError(f"feature {name}: bytes lists are not in the schema")
-  return out
-
-
 def _masked_crc(data: bytes) -> bytes:
   return struct.pack("<I", tfrecord.masked_crc32c(data))
 
@@ -219,7 +144,7 @@ def write_shard(path: str, records: Iterable[bytes]) -> int:
   the shard last, so an existing shard file is always complete and has its
   index. Local paths only (the Beam writer handles remote ones).
   """
-  tmp = f"{path}.tmp-{os.getpid()}"
+  tmp = fileio.temporary_path(path)
   offsets = []
   pos = 0
   with open(tmp, "wb") as f:
@@ -242,7 +167,7 @@ def write_framed_shard(path: str, frames: bytes, offsets: np.ndarray) -> None:
   Atomic as `write_shard`: the index and then the shard are renamed into
   place. Local paths only.
   """
-  tmp = f"{path}.tmp-{os.getpid()}"
+  tmp = fileio.temporary_path(path)
   with open(tmp, "wb") as f:
     f.write(frames)
   with open(tmp + INDEX_SUFFIX, "wb") as f:
@@ -260,54 +185,3 @@ def shard_bytes(records: Iterable[bytes]) -> tuple[bytes, bytes]:
     parts.append(rec)
     pos += len(rec)
   return b"".join(parts), np.asarray(offsets, dtype="<i8").tobytes()
-
-
-def read_index(shard_path: str) -> np.ndarray:
-  """The record offsets of a shard from its `.index` file."""
-  return np.fromfile(index_path(shard_path), dtype="<i8")
-
-
-def read_record_at(f, offset: int, verify: bool = True) -> bytes:
-  """Reads the record starting at `offset` of an open binary file."""
-  f.seek(offset)
-  head = f.read(12)
-  if len(head) != 12:
-    raise ValueError(f"{getattr(f, 'name', '?')}: truncated record at {offset}")
-  (length,) = struct.unpack("<Q", head[:8])
-  data = f.read(length)
-  tail = f.read(4)
-  if len(data) != length or len(tail) != 4:
-    raise ValueError(f"{getattr(f, 'name', '?')}: truncated record at {offset}")
-  if verify and (_masked_crc(head[:8]) != head[8:] or _masked_crc(data) != tail):
-    raise ValueError(f"{getattr(f, 'name', '?')}: crc mismatch at {offset}")
-  return data
-
-
-def iter_records(path: str, verify: bool = True) -> Iterator[bytes]:
-  """Yields the data of every record of a local TFRecord file."""
-  size = os.path.getsize(path)
-  with open(path, "rb") as f:
-    pos = 0
-    while pos < size:
-      data = read_record_at(f, pos, verify)
-      yield data
-      pos += len(data) + 16
-
-
-def check_index(shard_path: str, expected: Optional[int] = None) -> int:
-  """Checks that a shard's index matches its records; returns the count."""
-  offsets = read_index(shard_path)
-  actual = []
-  size = os.path.getsize(shard_path)
-  with open(shard_path, "rb") as f:
-    pos = 0
-    while pos < size:
-      actual.append(pos)
-      f.seek(pos)
-      (length,) = struct.unpack("<Q", f.read(8))
-      pos += length + 16
-  if list(offsets) != actual:
-    raise ValueError(f"{index_path(shard_path)} does not match {shard_path}")
-  if expected is not None and len(actual) != expected:
-    raise ValueError(f"{shard_path}: {len(actual)} records, expected {expected}")
-  return len(actual)

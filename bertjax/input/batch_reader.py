@@ -91,9 +91,11 @@ class Records:
 
   def __init__(self, files: Sequence[str], file_numbers: Sequence[int],
                skip_corrupt: bool, verify_crc: bool, threads: int):
+    self.reader = tfrecord.RecordReader(files, verify_crc=verify_crc)
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
       indexes = list(pool.map(
-          lambda i: tfrecord.load_index(files[i], skip_corrupt=skip_corrupt),
+          lambda i: tfrecord.load_index(files[i], skip_corrupt=skip_corrupt,
+                                        on_retry=self.reader.count_retry),
           file_numbers))
     sizes = np.array([len(ix) for ix in indexes], np.int64)
     self.file_numbers = np.asarray(file_numbers, np.int64)
@@ -102,7 +104,6 @@ class Records:
     self.lengths = np.concatenate([ix.lengths for ix in indexes]
                                   + [np.zeros(0, np.int64)]).astype(np.int32)
     self.dropped = sum(ix.dropped for ix in indexes)
-    self.reader = tfrecord.RecordReader(files, verify_crc=verify_crc)
 
   def __len__(self) -> int:
     return len(self.offsets)
@@ -144,20 +145,30 @@ class HostBatches:
   """Reads, checks and parses host batches; `rows(step)` says which records.
 
   rows(step) -> (record indices [b] with -1 for padding, epochs [b]).
+  With `vocab_size`, a batch holding a token id >= vocab_size raises
+  ValueError naming the record's file and the id.
   """
 
   def __init__(self, records: Records, rows: Callable[[int], tuple[np.ndarray, np.ndarray]],
                batch_size: int, max_seq_length: int, max_predictions_per_seq: int, *,
                skip_corrupt: bool, masking: Optional[masking_lib.MaskingConfig],
-               read_threads: int, prefetch: int):
+               read_threads: int, prefetch: int, vocab_size: Optional[int] = None):
     self._records, self._rows, self._b = records, rows, batch_size
     self._lengths = (max_seq_length, max_predictions_per_seq)
     self._skip_corrupt, self._masking = skip_corrupt, masking
     self._threads, self._prefetch = read_threads, prefetch
+    self._vocab_size = vocab_size
     self._spec = _feature_spec(max_seq_length, max_predictions_per_seq)
     self._padding = _padding_example(max_seq_length, max_predictions_per_seq)
     self.corrupt_skipped = 0
     self.last_step: Optional[int] = None
+
+  def stats(self) -> dict[str, int]:
+    """skipped_records: broken frames left out when indexing plus corrupt
+    records skipped in delivered batches (weight-0 rows, once per read);
+    read_retries: further tries of reads after transient I/O errors."""
+    return {"skipped_records": self._records.dropped + self.corrupt_skipped,
+            "read_retries": self._records.reader.retries}
 
   def read(self, step: int):
     """(serialized [b], valid [b] float32, example keys [b], epochs [b],
@@ -232,11 +243,32 @@ class HostBatches:
               f"{what}. Check the config against the data.")
     return RuntimeError(f"input pipeline failed at step {step}: {error}")
 
-  def iterate(self, start_step: int, stop_step: Optional[int] = None
-              ) -> Iterator[dict[str, np.ndarray]]:
+  def check_vocab(self, step: int, batch: dict[str, np.ndarray]) -> None:
+    """Raises ValueError naming the file if batch `step` holds an id that
+    the model's vocabulary (vocab_size) does not have."""
+    if self._vocab_size is None:
+      return
+    largest_R = np.maximum(batch["input_ids"].max(axis=1),
+                           batch["masked_lm_ids"].max(axis=1))
+    row = int(np.argmax(largest_R))
+    largest = int(largest_R[row])
+    if largest < self._vocab_size:
+      return
+    idx, _ = self._rows(step)
+    file_numbers, numbers = self._records.locate(idx[row:row + 1])
+    v = self._vocab_size
+    raise ValueError(
+        f"{self._records.reader.paths[int(file_numbers[0])]}: record "
+        f"{int(numbers[0])} holds token id {largest}, but the model's vocabulary "
+        f"has {v} ids (--config.model.vocab_size={v}); the largest id seen is "
+        f"{largest}. Set --config.model.vocab_size to the size of the vocabulary "
+        f"the data was made with (at least {largest + 1}), or use data made with "
+        "the model's vocabulary.")
+
+  def _dataset(self, start_step: int, stop_step: Optional[int],
+               stopping: threading.Event, failure: list):
+    """The tf.data pipeline of parsed batches (and skip counts) from start_step."""
     tf = tf_module()
-    failure = []
-    stopping = threading.Event()
 
     def generate():
       pool = concurrent.futures.ThreadPoolExecutor(self._threads)
@@ -267,7 +299,13 @@ class HostBatches:
     # iterator is dropped and hold the caller for up to a minute; the
     # parallelism here is fixed anyway.
     options.autotune.enabled = False
-    it = ds.prefetch(self._prefetch).with_options(options).as_numpy_iterator()
+    return ds.prefetch(self._prefetch).with_options(options)
+
+  def iterate(self, start_step: int, stop_step: Optional[int] = None
+              ) -> Iterator[dict[str, np.ndarray]]:
+    failure = []
+    stopping = threading.Event()
+    it = self._dataset(start_step, stop_step, stopping, failure).as_numpy_iterator()
     step = start_step
     try:
       while stop_step is None or step < stop_step:
@@ -283,22 +321,29 @@ class HostBatches:
           raise self._explain(step, e) from e
         if step == start_step:
           restore_malloc_thresholds()  # Set by the generator's first call.
+        self.check_vocab(step, batch)
         self.last_step = step
         self.corrupt_skipped += int(skipped)  # Counted as batches are delivered.
         yield batch
         step += 1
     finally:
-      # Destroying a tf.data iterator waits for its threads, and the thread
-      # that destroys it holds the GIL: a tf.data thread still inside
-      # `generate` would wait for the GIL in turn. So the generator is told to
-      # stop and the iterator is run dry before it is dropped.
-      stopping.set()
-      try:
-        for _ in it:
-          pass
-      except Exception:  # pylint: disable=broad-except
-        pass  # Its error, if any, was raised above or is of no use now.
-      del it
+      _drain(it, stopping)
+
+
+def _drain(it, stopping: threading.Event) -> None:
+  """Stops and drops a tf.data iterator of `HostBatches._dataset`.
+
+  Destroying a tf.data iterator waits for its threads, and the thread that
+  destroys it holds the GIL: a tf.data thread still inside the generator
+  would wait for the GIL in turn. So the generator is told to stop and the
+  iterator is run dry before it is dropped.
+  """
+  stopping.set()
+  try:
+    for _ in it:
+      pass
+  except Exception:  # pylint: disable=broad-except
+    pass  # Its error, if any, was raised by the caller or is of no use now.
 
 
 def check_first_record(records: Records, max_seq_length: int,

@@ -39,15 +39,22 @@ serialized examples to tf.data, which parses them with tf.io.parse_example
 after batching (vectorised), casts to int32, masks them afresh if
 `dynamic_masking` is set, and prefetches. TensorFlow never sees an accelerator.
 
-A corrupt or truncated record raises tfrecord.CorruptRecordError naming
-the file and offset; with skip_corrupt=True its row becomes a padding example
-of weight 0 (the step keeps its size and every other row its place), counted
-in `stats` and logged. A record that parses badly (wrong max_seq_length, not a
-BERT example) always raises, naming the file and the offending feature.
+Reads go through the file layer (bertjax.records.fileio) and are retried
+with exponential backoff on transient I/O errors (resets, timeouts, an
+unavailable store); an error that retries do not cure, or a missing or
+unreadable file, is raised as it is and never taken for corruption. Only a
+frame whose CRC or length is wrong is corrupt: it raises
+tfrecord.CorruptRecordError naming the file and byte offset; with
+skip_corrupt=True a record found broken while indexing is left out (the next
+intact frame is found and reading goes on), and one found broken when read
+becomes a padding row of weight 0 (the step keeps its size and every other row
+its place); both are counted in `stats()` and logged, as are the retries. A
+record that parses badly (wrong max_seq_length, not a BERT example) always
+raises, naming the file and the offending feature, and so does a token id at
+or above the model's vocab_size.
 """
 
 import collections
-import glob as globlib
 import os
 import queue
 import threading
@@ -58,6 +65,7 @@ import numpy as np
 
 from bertjax.input import batch_reader
 from bertjax.input import dynamic_masking as masking_lib
+from bertjax.records import fileio
 from bertjax.records import schema
 from bertjax.records import tfrecord
 
@@ -66,14 +74,11 @@ ORDERS = ("files", "global")
 
 def list_files(file_pattern: str) -> list[str]:
   """Sorted shards matching a glob (or comma-separated globs), without the
-  .index and metadata.json files that live beside them."""
+  .index and metadata.json files that live beside them and without
+  temporaries that an interrupted write left (fileio.glob)."""
   files = set()
   for pattern in file_pattern.split(","):
-    pattern = pattern.strip()
-    if tfrecord.is_remote(pattern):
-      files.update(batch_reader.tf_module().io.gfile.glob(pattern))
-    else:
-      files.update(p for p in globlib.glob(pattern) if os.path.isfile(p))
+    files.update(fileio.glob(pattern.strip()))
   files = sorted(f for f in files if not f.endswith(tfrecord.INDEX_SUFFIX)
                  and os.path.basename(f) != schema.METADATA_FILENAME)
   if not files:
@@ -116,7 +121,10 @@ def check_metadata(file_pattern: str, *, max_seq_length: int,
     if md.max_predictions_per_seq != max_predictions_per_seq:
       bad("max_predictions_per_seq", md.max_predictions_per_seq, max_predictions_per_seq)
     if vocab_size is not None and md.vocab_size > vocab_size:
-      bad("vocab_size", md.vocab_size, vocab_size)
+      raise ValueError(f"{path}: vocab_size is {md.vocab_size} but the model's "
+                       f"vocabulary has {vocab_size} ids (--config.model.vocab_size="
+                       f"{vocab_size}); set --config.model.vocab_size to at least "
+                       f"{md.vocab_size} or use data made with the model's vocabulary.")
     if vocab_hash is not None and md.vocab_hash != vocab_hash:
       bad("vocab_hash", md.vocab_hash, vocab_hash)
     result = result or md
@@ -188,7 +196,10 @@ class TrainSource:
       epoch.
     order: "files" or "global" (see the module docstring).
     shuffle_block: records that move together in the shuffle (1: none).
-    vocab_size, vocab_hash, require_metadata: checked against metadata.json.
+    vocab_size: the model's vocabulary size: checked against metadata.json,
+      and every batch's token ids are checked to be below it (a clear error
+      naming the file, rather than a non-finite loss).
+    vocab_hash, require_metadata: checked against metadata.json.
     verify_crc: check each record's CRCs.
     read_threads: threads reading records; prefetch: parsed batches kept ready.
   """
@@ -228,7 +239,7 @@ class TrainSource:
       _warn_if_unbalanced(self.files, count, self.metadata)
     else:
       numbers, salt = list(range(len(self.files))), (2,)
-    if shuffle_block == 1 and any(tfrecord.is_remote(f) for f in self.files):
+    if shuffle_block == 1 and any(fileio.is_remote(f) for f in self.files):
       logging.warning("Reading single records at random from remote files is "
                       "slow; consider shuffle_block=256.")
     self.host_files = [self.files[i] for i in numbers]
@@ -245,7 +256,7 @@ class TrainSource:
     self._batches = batch_reader.HostBatches(
         self._records, self._rows, self.host_batch_size, max_seq_length,
         max_predictions_per_seq, skip_corrupt=skip_corrupt, masking=masking,
-        read_threads=read_threads, prefetch=prefetch)
+        read_threads=read_threads, prefetch=prefetch, vocab_size=vocab_size)
     batch_reader.check_first_record(self._records, max_seq_length, max_predictions_per_seq)
 
   @property
@@ -271,14 +282,35 @@ class TrainSource:
       raise ValueError(f"start_step must be >= 0, got {start_step}")
     return self._batches.iterate(start_step)
 
-  @property
   def stats(self) -> dict[str, int]:
-    step = self._batches.last_step
-    return {"corrupt_records_skipped": self._batches.corrupt_skipped,
-            "records_dropped_at_index": self._records.dropped,
-            "records": len(self._records),
-            "step": -1 if step is None else step,
-            "epoch": 0 if step is None else self.epoch_at(step)}
+    """Counts for this process since the source was made, each summable over
+    hosts: skipped_records (with skip_corrupt: broken frames left out when
+    indexing, each one record or, where no intact frame follows, the rest of
+    its file; plus corrupt records read as weight-0 rows, once per read) and
+    read_retries (further tries of reads after transient I/O errors)."""
+    return self._batches.stats()
+
+
+class EvalBatches:
+  """An iterator of evaluation batches (see `eval_batches`) with `stats()`."""
+
+  def __init__(self, batches: batch_reader.HostBatches, num_batches: int):
+    self._batches = batches
+    self._it = batches.iterate(0, num_batches)
+    self.num_batches = num_batches
+
+  def __iter__(self) -> "EvalBatches":
+    return self
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    return next(self._it)
+
+  def close(self) -> None:
+    self._it.close()
+
+  def stats(self) -> dict[str, int]:
+    """As TrainSource.stats: skipped_records and read_retries so far."""
+    return self._batches.stats()
 
 
 def eval_batches(file_pattern: str, global_batch_size: int, *, max_seq_length: int,
@@ -286,8 +318,8 @@ def eval_batches(file_pattern: str, global_batch_size: int, *, max_seq_length: i
                  process_count: Optional[int] = None, max_batches: Optional[int] = None,
                  skip_corrupt: bool = False,
                  dynamic_masking: Optional[Mapping[str, Any]] = None,
-                 verify_crc: bool = True, read_threads: int = 4
-                 ) -> Iterator[dict[str, np.ndarray]]:
+                 vocab_size: Optional[int] = None, verify_crc: bool = True,
+                 read_threads: int = 4) -> EvalBatches:
   """Evaluation batches: every record once, in file order, no repeat.
 
   Global batch g is records [g*B, (g+1)*B) of the sorted files and host h
@@ -296,6 +328,8 @@ def eval_batches(file_pattern: str, global_batch_size: int, *, max_seq_length: i
   max_batches); rows past the last record are padding with
   next_sentence_weights = masked_lm_weights = 0. With dynamic_masking the
   mask is that of epoch 0 (seed 0 unless given), the same on every call.
+  skip_corrupt and vocab_size as for TrainSource; the returned iterator's
+  `stats()` counts skipped records and read retries.
   """
   index, count = _process(process_index, process_count)
   if global_batch_size <= 0 or global_batch_size % count:
@@ -303,7 +337,8 @@ def eval_batches(file_pattern: str, global_batch_size: int, *, max_seq_length: i
                      f"of the {count} processes; change the batch size.")
   files = list_files(file_pattern)
   metadata = check_metadata(file_pattern, max_seq_length=max_seq_length,
-                            max_predictions_per_seq=max_predictions_per_seq)
+                            max_predictions_per_seq=max_predictions_per_seq,
+                            vocab_size=vocab_size)
   masking = _masking_config(dynamic_masking, metadata, max_predictions_per_seq, 0,
                             file_pattern)
   records = batch_reader.Records(files, range(len(files)), skip_corrupt, verify_crc,
@@ -319,10 +354,11 @@ def eval_batches(file_pattern: str, global_batch_size: int, *, max_seq_length: i
 
   batches = batch_reader.HostBatches(
       records, rows, b, max_seq_length, max_predictions_per_seq,
-      skip_corrupt=skip_corrupt, masking=masking, read_threads=read_threads, prefetch=2)
+      skip_corrupt=skip_corrupt, masking=masking, read_threads=read_threads, prefetch=2,
+      vocab_size=vocab_size)
   if n:
     batch_reader.check_first_record(records, max_seq_length, max_predictions_per_seq)
-  return batches.iterate(0, num_batches)
+  return EvalBatches(batches, num_batches)
 
 
 def _process(index: Optional[int], count: Optional[int]) -> tuple[int, int]:

@@ -60,6 +60,10 @@ class SyntheticSource:
     }
     return {k: out[k].astype(shapes[k][1]) for k in shapes}
 
+  def stats(self) -> dict[str, int]:
+    """As TrainSource.stats(); synthetic batches skip and retry nothing."""
+    return {"skipped_records": 0, "read_retries": 0}
+
   def iterate(self, start_step: int) -> Iterator[dict[str, np.ndarray]]:
     step = start_step
     while True:

@@ -4,24 +4,46 @@ Every module that touches a data, checkpoint-side or export file goes
 through here, so each path scheme and each write rule is written once:
 
 * A path with "://" in it is remote and goes through `tf.io.gfile`
-  (TensorFlow is imported only then); anything else is local and uses the
-  standard library.
+  (TensorFlow is imported only then), or through the file system registered
+  for its scheme with `register_filesystem`; anything else is local and uses
+  the standard library.
+* `glob` leaves out temporaries (hidden names, and names with a `.tmp` or
+  `.tmp-PID` part, which interrupted writes leave behind), so a pattern such
+  as `dir/*` matches only finished files.
 * `open_read` decompresses names ending in `.gz`.
 * `write_bytes` / `write_text` write a whole file at once: locally to a
   hidden temporary name in the same directory, then renamed, so a reader (or
   a training glob such as `dir/*`) never sees a partial file; remotely in one
   object write, which object stores make atomic.
-* `retry` re-runs a read on transient I/O errors with exponential backoff.
+* `retry` re-runs a read on transient I/O errors with exponential backoff;
+  only errors that another try may cure count as transient.
 """
 
 import glob as globlib
 import gzip
 import logging
 import os
+import re
 import time
-from typing import Callable, IO, Iterator, TypeVar
+from typing import Any, Callable, IO, Iterator, Optional, TypeVar
 
 T = TypeVar("T")
+
+# URL scheme ("gs") -> an object with tf.io.gfile's functions (GFile, glob,
+# exists, isdir, stat, listdir, walk, makedirs, remove).
+_FILESYSTEMS: dict[str, Any] = {}
+
+
+def register_filesystem(scheme: str, filesystem: Optional[Any]) -> None:
+  """Routes paths `scheme://...` to `filesystem` (None: back to tf.io.gfile).
+
+  `filesystem` provides tf.io.gfile's functions; `stat` returns an object
+  with `length` and `mtime_nsec`.
+  """
+  if filesystem is None:
+    _FILESYSTEMS.pop(scheme, None)
+  else:
+    _FILESYSTEMS[scheme] = filesystem
 
 
 def is_remote(path: str) -> bool:
@@ -29,48 +51,63 @@ def is_remote(path: str) -> bool:
   return "://" in path
 
 
-def _gfile():
+def _gfile(path: str = ""):
+  registered = _FILESYSTEMS.get(path.split("://", 1)[0]) if "://" in path else None
+  if registered is not None:
+    return registered
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   return tf.io.gfile
 
 
+_TEMPORARY = re.compile(r"\.tmp(-\d+)?(\.|$)")
+
+
+def is_temporary(path: str) -> bool:
+  """True for names that writes in progress use: hidden (leading dot), or
+  with a `.tmp` / `.tmp-PID` part (`part-00001.tfrecord.tmp-4242`)."""
+  name = os.path.basename(path.rstrip("/"))
+  return name.startswith(".") or bool(_TEMPORARY.search(name))
+
+
 def glob(pattern: str) -> list[str]:
-  """The files (not directories) matching a glob, sorted."""
+  """The files (not directories, not temporaries) matching a glob, sorted."""
   if is_remote(pattern):
-    gfile = _gfile()
-    return sorted(p for p in gfile.glob(pattern) if not gfile.isdir(p))
-  return sorted(p for p in globlib.glob(pattern) if not os.path.isdir(p))
+    gfile = _gfile(pattern)
+    found = [p for p in gfile.glob(pattern) if not gfile.isdir(p)]
+  else:
+    found = [p for p in globlib.glob(pattern) if not os.path.isdir(p)]
+  return sorted(p for p in found if not is_temporary(p))
 
 
 def exists(path: str) -> bool:
-  return _gfile().exists(path) if is_remote(path) else os.path.exists(path)
+  return _gfile(path).exists(path) if is_remote(path) else os.path.exists(path)
 
 
 def isdir(path: str) -> bool:
-  return _gfile().isdir(path) if is_remote(path) else os.path.isdir(path)
+  return _gfile(path).isdir(path) if is_remote(path) else os.path.isdir(path)
 
 
 def readable(path: str) -> bool:
-  return _gfile().exists(path) if is_remote(path) else os.access(path, os.R_OK)
+  return _gfile(path).exists(path) if is_remote(path) else os.access(path, os.R_OK)
 
 
 def walk_files(directory: str) -> list[str]:
   """Every file under a directory, recursively, sorted."""
-  walk = _gfile().walk if is_remote(directory) else os.walk
+  walk = _gfile(directory).walk if is_remote(directory) else os.walk
   return sorted(os.path.join(root, name) for root, _, names in walk(directory)
                 for name in names)
 
 
 def listdir(directory: str) -> list[str]:
   """The names in a directory, sorted."""
-  names = _gfile().listdir(directory) if is_remote(directory) else os.listdir(directory)
+  names = _gfile(directory).listdir(directory) if is_remote(directory) else os.listdir(directory)
   return sorted(n.rstrip("/") for n in names)
 
 
 def stat(path: str) -> tuple[int, int]:
   """(size in bytes as stored, mtime in ns) of a local or remote file."""
   if is_remote(path):
-    st = _gfile().stat(path)
+    st = _gfile(path).stat(path)
     return int(st.length), int(st.mtime_nsec)
   st = os.stat(path)
   return st.st_size, st.st_mtime_ns
@@ -83,14 +120,14 @@ def size(path: str) -> int:
 
 def makedirs(path: str) -> None:
   if is_remote(path):
-    _gfile().makedirs(path)
+    _gfile(path).makedirs(path)
   else:
     os.makedirs(path, exist_ok=True)
 
 
 def remove(path: str) -> None:
   if is_remote(path):
-    _gfile().remove(path)
+    _gfile(path).remove(path)
   else:
     os.remove(path)
 
@@ -98,8 +135,15 @@ def remove(path: str) -> None:
 def open_binary(path: str, mode: str = "rb") -> IO[bytes]:
   """A raw (not decompressed) binary file object, local or remote."""
   if is_remote(path):
-    return _gfile().GFile(path, mode)
+    return _gfile(path).GFile(path, mode)
   return open(path, mode)  # pylint: disable=consider-using-with
+
+
+def open_text(path: str, mode: str = "r") -> IO[str]:
+  """A UTF-8 text file object ("r" or "w"; not atomic), local or remote."""
+  if is_remote(path):
+    return _gfile(path).GFile(path, mode)
+  return open(path, mode, encoding="utf-8")  # pylint: disable=consider-using-with
 
 
 def open_read(path: str) -> IO[bytes]:
@@ -129,7 +173,7 @@ def write_bytes(path: str, data: bytes) -> None:
   """Writes a whole file: atomically (hidden temporary, rename) when local, in
   one object write when remote. Creates the directory if needed."""
   if is_remote(path):
-    with _gfile().GFile(path, "wb") as f:
+    with _gfile(path).GFile(path, "wb") as f:
       f.write(data)
     return
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -155,29 +199,33 @@ def iter_lines(path: str) -> Iterator[bytes]:
 
 
 # Errors worth another try: the network or the store may recover. A missing
-# file, a permission error or a full disk will not.
-_PERMANENT_ERRNOS = {2, 13, 21, 28}  # ENOENT, EACCES, EISDIR, ENOSPC.
+# file, a permission error, a full disk or a read-only file system will not.
+_PERMANENT_ERRNOS = {2, 13, 20, 21, 28, 30}  # ENOENT EACCES ENOTDIR EISDIR ENOSPC EROFS
+# tf.errors raised by tf.io.gfile on remote stores when the service is briefly
+# unavailable, a request timed out or was aborted, or a rate limit was hit.
+_TRANSIENT_TF_ERRORS = {"UnavailableError", "DeadlineExceededError", "AbortedError",
+                        "ResourceExhaustedError"}
 
 
 def is_transient(error: BaseException) -> bool:
   """True for I/O errors that a retry may cure (timeouts, resets, 5xx)."""
-  if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError)):
+  if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError,
+                        NotADirectoryError)):
     return False
   if isinstance(error, OSError):
     return getattr(error, "errno", None) not in _PERMANENT_ERRNOS
-  name = type(error).__name__
-  # tf.errors raised by tf.io.gfile on remote stores.
-  return name in {"UnavailableError", "DeadlineExceededError", "AbortedError",
-                  "InternalError", "ResourceExhaustedError", "UnknownError"}
+  return type(error).__name__ in _TRANSIENT_TF_ERRORS
 
 
 def retry(fn: Callable[[], T], what: str, *, attempts: int = 6,
-          initial_delay: float = 0.5, max_delay: float = 30.0) -> T:
+          initial_delay: float = 0.5, max_delay: float = 30.0,
+          on_retry: Optional[Callable[[], Any]] = None) -> T:
   """fn(), tried again on transient I/O errors with exponential backoff.
 
-  `what` names the operation in the log (e.g. "read of gs://b/x at 1024").
-  The last error is raised when `attempts` tries have failed, and at once
-  for errors that are not transient.
+  `what` names the operation in the log (e.g. "read of gs://b/x at 1024");
+  `on_retry` is called before each further try (to count them). The last
+  error is raised when `attempts` tries have failed, and at once for errors
+  that are not transient.
   """
   delay = initial_delay
   for attempt in range(1, attempts + 1):
@@ -188,6 +236,8 @@ def retry(fn: Callable[[], T], what: str, *, attempts: int = 6,
         raise
       logging.warning("%s failed (%s: %s); try %d of %d in %.1f s.", what,
                       type(e).__name__, e, attempt + 1, attempts, delay)
+      if on_retry is not None:
+        on_retry()
       time.sleep(delay)
       delay = min(2 * delay, max_delay)
   raise AssertionError("unreachable")

@@ -15,6 +15,8 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
+from bertjax.records import fileio
+
 SCHEMA_VERSION = 1
 METADATA_FILENAME = "metadata.json"
 
@@ -116,11 +118,9 @@ class DatasetMetadata:
 
 
 def _open(path: str, mode: str):
-  """Opens local paths with `open` and anything else (gs://) with tf.io.gfile."""
-  if "://" in path:
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    return tf.io.gfile.GFile(path, mode)
-  return open(path, mode, encoding="utf-8")
+  """A UTF-8 text file ("r" or "w") through the file layer; the training loop
+  reads and writes its JSON files with it."""
+  return fileio.open_text(path, mode)
 
 
 def metadata_path(directory: str) -> str:
@@ -129,29 +129,17 @@ def metadata_path(directory: str) -> str:
 
 def write_metadata(directory: str, metadata: DatasetMetadata) -> None:
   """Writes metadata.json atomically (local) or in one object write (gs://)."""
-  path = metadata_path(directory)
-  if "://" in path:
-    with _open(path, "w") as f:
-      f.write(metadata.to_json())
-    return
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write(metadata.to_json())
-  os.replace(tmp, path)
+  fileio.write_text(metadata_path(directory), metadata.to_json())
 
 
 def read_metadata(directory: str) -> Optional[DatasetMetadata]:
   """Reads metadata.json from `directory`; None if there is none."""
   path = metadata_path(directory)
-  if "://" in path:
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    if not tf.io.gfile.exists(path):
-      return None
-  elif not os.path.exists(path):
+  if not fileio.retry(lambda: fileio.exists(path), f"lookup of {path}"):
     return None
-  with _open(path, "r") as f:
-    try:
-      d = json.load(f)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{path}: not valid JSON ({e})") from e
+  text = fileio.retry(lambda: fileio.read_text(path), f"read of {path}")
+  try:
+    d = json.loads(text)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path}: not valid JSON ({e})") from e
   return DatasetMetadata.from_dict(d, path)

@@ -8,7 +8,7 @@ own. WordPiece then maps each word to its pieces on its own. So `AsciiWords`
 does the basic step on a whole batch of texts at once in numpy, and sends
 only the words it has not seen before through the compiled tokenizer;
 every other word is a dictionary lookup. The compiled tokenizer stays the
-reference for every word (the unknown-word rule and the 100-character limit
+reference for every word (the unknown-word rule and the word length limit
 included), so the ids are the compiled tokenizer's ids. Texts with any
 non-ASCII character do not come here (tokenization.WordPieceTokenizer).
 

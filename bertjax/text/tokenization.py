@@ -7,16 +7,16 @@ text), `vocab_size`, `special_ids` ({"pad", "unk", "cls", "sep",
 whole-word masking), `vocab_hash()` (schema.vocab_hash of the pieces in id
 order, recorded in metadata.json) and `describe()`.
 
-WordPiece is Google's algorithm, id for id as `transformers.BertTokenizer`
-with the same vocab: basic tokenization (clean, CJK, optional lower-casing
-and accent stripping, punctuation; basic_tokenizer.py), then greedy
-longest-match-first WordPiece with "##" continuations and [UNK] for words of
-more than 100 characters (the original release's own limit is 200; 100 is
-BertTokenizer's) or with no matching pieces. It runs in Hugging Face
-`tokenizers` (Rust, batched); basic_tokenizer.py lists the rare characters
-where the two may still differ. ASCII texts, most of an English corpus, are
-split into words in numpy and each distinct word goes through `tokenizers`
-once (ascii_words.py), which is several times faster on a corpus.
+WordPiece is Google's algorithm, id for id as the original release's
+FullTokenizer with the same vocab: basic tokenization (clean, CJK, optional
+lower-casing and accent stripping, punctuation; basic_tokenizer.py), then
+greedy longest-match-first WordPiece with "##" continuations and [UNK] for
+words of more than 200 characters or with no matching pieces. It runs in
+Hugging Face `tokenizers` (Rust, batched). ASCII texts, most of an English
+corpus, are split into words in numpy and each distinct word goes through
+`tokenizers` once (ascii_words.py). `compat="hf"` gives
+`transformers.BertTokenizer`'s variant instead (basic_tokenizer.py says how
+it differs; words of more than 100 characters become [UNK]).
 Special-token literals in text are not kept whole, as in the original:
 "[MASK]" becomes "[", "mask", "]" (BertTokenizer keeps them whole unless
 `split_special_tokens=True`), so text never yields a special id other than
@@ -47,7 +47,6 @@ from bertjax.text import ragged
 KINDS = ("wordpiece", "sentencepiece")
 # special_ids keys, in schema.SPECIAL_TOKENS order.
 SPECIAL_KEYS = ("pad", "unk", "cls", "sep", "mask")
-MAX_INPUT_CHARS_PER_WORD = 100
 WORD_BOUNDARY = "\u2581"  # SentencePiece's "▁", starting a word's first piece.
 
 
@@ -146,27 +145,28 @@ class WordPieceTokenizer(Tokenizer):
   kind = "wordpiece"
 
   def __init__(self, vocab_file: str, do_lower_case: bool = True,
-               tokens: Optional[Sequence[str]] = None):
+               tokens: Optional[Sequence[str]] = None,
+               compat: str = "original"):
     self.path = vocab_file
     self.do_lower_case = bool(do_lower_case)
     self.tokens = tuple(read_vocab(vocab_file) if tokens is None else tokens)
     self.vocab = {t: i for i, t in enumerate(self.tokens)}
     self.special_ids = _special_ids(self.vocab, vocab_file)
     self.is_word_start = tuple(not t.startswith("##") for t in self.tokens)
-    self.basic = basic_tokenizer.BasicTokenizer(self.do_lower_case)
-    tok = tokenizers.Tokenizer(tokenizers.models.WordPiece(
-        self.vocab, unk_token=schema.SPECIAL_TOKENS[1],
-        max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD))
-    tok.normalizer = self.basic.normalizer
-    tok.pre_tokenizer = self.basic.pre_tokenizer
-    tok.decoder = tokenizers.decoders.WordPiece()
-    self._tokenizer = tok
+    self.basic = basic_tokenizer.BasicTokenizer(self.do_lower_case, compat)
+    self.compat = self.basic.compat
+    self._tokenizer = compiled_wordpiece(self.basic, self.vocab)
+    tok = self._tokenizer
     self._encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
     self._ascii = ascii_words.AsciiWords(self._encode_compiled,
                                          self.do_lower_case)
 
   def __reduce__(self):
-    return (WordPieceTokenizer, (self.path, self.do_lower_case, self.tokens))
+    return (WordPieceTokenizer,
+            (self.path, self.do_lower_case, self.tokens, self.compat))
+
+  def describe(self) -> dict:
+    return {**super().describe(), "compat": self.compat}
 
   def _encode_compiled(self, texts: Sequence[str]) -> list[list[int]]:
     """Ids from the compiled pipeline alone (on all cores)."""
@@ -272,14 +272,38 @@ def _is_punctuation_piece(piece: str) -> bool:
       for c in piece)
 
 
-def load_tokenizer(kind: str, path: str,
-                   do_lower_case: bool = True) -> Tokenizer:
-  """A WordPiece (vocab.txt) or SentencePiece (.model) tokenizer."""
+def compiled_wordpiece(basic: basic_tokenizer.BasicTokenizer,
+                       vocab: Optional[dict[str, int]] = None
+                       ) -> tokenizers.Tokenizer:
+  """A `tokenizers` WordPiece over `basic`'s normaliser and pre-tokenizer;
+  texts must go through `basic.prepare_batch` first. Without `vocab`, for
+  training one."""
+  tok = tokenizers.Tokenizer(tokenizers.models.WordPiece(
+      vocab, unk_token=schema.SPECIAL_TOKENS[1],
+      max_input_chars_per_word=basic.max_input_chars_per_word))
+  tok.normalizer = basic.normalizer
+  tok.pre_tokenizer = basic.pre_tokenizer
+  tok.decoder = tokenizers.decoders.WordPiece()
+  return tok
+
+
+def load_tokenizer(kind: str, path: str, do_lower_case: bool = True,
+                   compat: str = "original") -> Tokenizer:
+  """A WordPiece (vocab.txt) or SentencePiece (.model) tokenizer.
+
+  `compat` (WordPiece only): "original" (the original release's
+  FullTokenizer) or "hf" (transformers.BertTokenizer); see
+  basic_tokenizer.py.
+  """
+  basic_tokenizer.check_compat(compat)
   if kind == "wordpiece":
     if path.endswith(".model"):
       raise ValueError(f"--vocab_file={path}: looks like a SentencePiece "
                        "model; use --tokenizer=sentencepiece.")
-    return WordPieceTokenizer(path, do_lower_case)
+    return WordPieceTokenizer(path, do_lower_case, compat=compat)
   if kind == "sentencepiece":
+    if compat != "original":
+      raise ValueError(f"compat={compat!r}: only WordPiece has variants; "
+                       "SentencePiece models carry their own normaliser.")
     return SentencePieceTokenizer(path, do_lower_case)
   raise ValueError(f"--tokenizer={kind}: must be one of {', '.join(KINDS)}.")

@@ -86,11 +86,7 @@ def build_wordpiece_vocab(files: Sequence[str], output_path: str,
     raise ValueError(f"--vocab_size={vocab_size}: must exceed the "
                      f"{len(specials)} special and unused tokens.")
   basic = basic_tokenizer.BasicTokenizer(do_lower_case)
-  tok = tokenizers.Tokenizer(tokenizers.models.WordPiece(
-      unk_token=schema.SPECIAL_TOKENS[1],
-      max_input_chars_per_word=tokenization.MAX_INPUT_CHARS_PER_WORD))
-  tok.normalizer = basic.normalizer
-  tok.pre_tokenizer = basic.pre_tokenizer
+  tok = tokenization.compiled_wordpiece(basic)
   trainer = tokenizers.trainers.WordPieceTrainer(
       vocab_size=vocab_size, min_frequency=min_frequency,
       show_progress=show_progress, special_tokens=specials,

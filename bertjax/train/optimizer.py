@@ -3,7 +3,9 @@
 Weight decay is decoupled and never applied to LayerNorm parameters or
 biases, as in the original release's AdamWeightDecayOptimizer. With
 bias_correction=False the Adam moments are used as they are, which is
-what that optimizer does.
+what that optimizer does. LAMB's layer-wise trust ratio is likewise left out
+for LayerNorm parameters and biases (their step is Adam's), as NVIDIA's and
+TF-Addons' LAMB leave them out.
 """
 
 from typing import Any, Sequence
@@ -89,7 +91,7 @@ def make_optimizer(opt_config, schedule: optax.Schedule) -> optax.GradientTransf
   elif name == "lamb":
     core = [optax.scale_by_adam(b1=opt_config.b1, b2=opt_config.b2, eps=opt_config.eps),
             optax.add_decayed_weights(opt_config.weight_decay, mask=decay_mask),
-            optax.scale_by_trust_ratio()]
+            optax.masked(optax.scale_by_trust_ratio(), decay_mask)]
   else:
     raise ValueError(f"optimizer.name: {name!r} is not one of 'adamw', 'lamb'")
   return optax.chain(*clip, *core, optax.scale_by_learning_rate(schedule))
