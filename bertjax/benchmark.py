@@ -7,7 +7,7 @@ prints compile time, step time, sequences/s, tokens/s and MFU (with
 step). With
 --topology (e.g. v5e:2x2, v4:2x2x1) it instead compiles the step ahead of
 time for that TPU slice on this machine (needs `pip install jax[tpu]` and
-JAX_PLATFORMS=cpu) and prints the per-chip memory the program needs, which
+JAX_PLATFORMS=cpu) and prints the per-device memory the program needs, which
 proves that it compiles and fits before any TPU is booked.
 """
 
@@ -45,8 +45,8 @@ _CACHE = flags.DEFINE_string(
     "compile_cache_dir", "", "Persistent compilation cache directory; a second run with "
     "the same config loads the step from it.")
 _FIND_MAX_BATCH = flags.DEFINE_bool(
-    "find_max_batch", False, "With --topology: binary-search the largest per-chip batch "
-    "that fits the chip's HBM (one ahead-of-time compile per try).")
+    "find_max_batch", False, "With --topology: binary-search the largest per-device batch "
+    "that fits a device's HBM (one ahead-of-time compile per try).")
 
 
 def build(config, devices, *, phase_name: str = "", vocab_size: int = 30522,
@@ -82,8 +82,9 @@ def _gib(n):
 
 @dataclasses.dataclass
 class AotResult:
-  """What an ahead-of-time compile for a TPU slice tells (bytes and FLOPs per chip)."""
+  """What an ahead-of-time compile for a TPU slice tells (bytes and FLOPs per device)."""
   topology: str
+  devices: int  # JAX devices: one per chip, or one per TensorCore (v4, v5p topologies).
   chips: int
   device_kind: str
   mesh: dict
@@ -95,7 +96,7 @@ class AotResult:
   argument_bytes: int
   temp_bytes: int
   unaliased_output_bytes: int
-  compiled_flops: float | None  # XLA's count for one step on one chip.
+  compiled_flops: float | None  # XLA's count for one step on one device.
   analytic_flops: float  # bertjax's model FLOPs for one step of the global batch.
   xla_view_flops: float  # The analytic count as XLA counts it (see flops_as_xla_counts).
 
@@ -105,8 +106,9 @@ class AotResult:
 
   @property
   def hbm_bytes(self) -> int | None:
+    """HBM of one device: the chip's, shared by the devices on it."""
     gib = flops.hbm_gib(self.device_kind)
-    return None if gib is None else int(gib * 2**30)
+    return None if gib is None else int(gib * 2**30 * self.chips / self.devices)
 
   @property
   def fits(self) -> bool | None:
@@ -157,7 +159,8 @@ def aot_compile(config, topology: str, phase_name: str = "",
   mem = compiled.memory_analysis()
   args = (phase.max_seq_length, phase.max_predictions_per_seq)
   return AotResult(
-      topology=topology, chips=len(devices), device_kind=devices[0].device_kind,
+      topology=topology, devices=len(devices), chips=_count_chips(devices),
+      device_kind=devices[0].device_kind,
       mesh=dict(mesh.shape), phase=phase.name, global_batch_size=phase.global_batch_size,
       seq_len=phase.max_seq_length, attention=kernel, compile_seconds=seconds,
       argument_bytes=mem.argument_size_in_bytes, temp_bytes=mem.temp_size_in_bytes,
@@ -169,21 +172,26 @@ def aot_compile(config, topology: str, phase_name: str = "",
                                          kernel, accum))
 
 
+def _count_chips(devices) -> int:
+  coords = {tuple(getattr(d, "coords", (d.id,))) for d in devices}
+  return len(coords)
+
+
 def find_max_batch(make_config, topology: str, phase_name: str, start: int,
                    log=print) -> tuple[int, AotResult | None]:
-  """Largest per-chip batch whose step fits the chip's HBM: binary search over compiles.
+  """Largest per-device batch whose step fits the device's HBM: binary search over compiles.
 
-  `make_config()` gives a fresh run config; the batch per chip is per
+  `make_config()` gives a fresh run config; the batch per device is per
   data-parallel device (global batch / (mesh.data x mesh.fsdp)).
   """
   tried: dict[int, AotResult] = {}
 
-  def fits(per_chip: int) -> bool:
+  def fits(per_device: int) -> bool:
     config = make_config()
-    dp = math.prod(sharding_lib.mesh_shape(config.mesh, _chips(topology))[:2])
-    result = aot_compile(config, topology, phase_name, per_chip * dp)
-    tried[per_chip] = result
-    log(f"  per-chip batch {per_chip}: {_gib(result.total_bytes)} -> "
+    dp = math.prod(sharding_lib.mesh_shape(config.mesh, _num_devices(topology))[:2])
+    result = aot_compile(config, topology, phase_name, per_device * dp)
+    tried[per_device] = result
+    log(f"  per-device batch {per_device}: {_gib(result.total_bytes)} -> "
         f"{'fits' if result.fits else 'does not fit'}")
     return bool(result.fits)
 
@@ -196,39 +204,40 @@ def find_max_batch(make_config, topology: str, phase_name: str, start: int,
   return lo, tried.get(lo)
 
 
-def _chips(topology: str) -> int:
+def _num_devices(topology: str) -> int:
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   return len(topologies.get_topology_desc(platform="tpu", topology_name=topology).devices)
 
 
 def print_aot(r: AotResult):
-  print(f"topology        {r.topology} ({r.chips} chips, {r.device_kind})")
+  print(f"topology        {r.topology} ({r.chips} chips, {r.devices} devices, "
+        f"{r.device_kind})")
   print(f"mesh            {r.mesh}")
   print(f"phase           {r.phase}: batch {r.global_batch_size} x {r.seq_len}, "
         f"attention {r.attention}")
   print(f"compile time    {r.compile_seconds:.1f} s")
-  print(f"per chip        arguments {_gib(r.argument_bytes)}, temporaries "
+  print(f"per device      arguments {_gib(r.argument_bytes)}, temporaries "
         f"{_gib(r.temp_bytes)}, outputs not aliased {_gib(r.unaliased_output_bytes)}")
   hbm = f" of {_gib(r.hbm_bytes)} HBM: {'fits' if r.fits else 'does not fit'}" \
       if r.hbm_bytes else ""
-  print(f"per chip total  {_gib(r.total_bytes)}{hbm}")
+  print(f"per device      {_gib(r.total_bytes)} in all{hbm}")
   if r.compiled_flops:
-    print(f"FLOPs per step  XLA {r.compiled_flops * r.chips:.4g} (all chips), analytic "
+    print(f"FLOPs per step  XLA {r.compiled_flops * r.devices:.4g} (all devices), analytic "
           f"as XLA counts {r.xla_view_flops:.4g} (ratio "
-          f"{r.compiled_flops * r.chips / r.xla_view_flops:.3f}), analytic model FLOPs "
+          f"{r.compiled_flops * r.devices / r.xla_view_flops:.3f}), analytic model FLOPs "
           f"{r.analytic_flops:.4g}")
 
 
 def compile_for_topology(config):
-  """Ahead-of-time compile for a TPU slice; prints per-chip memory and FLOPs."""
+  """Ahead-of-time compile for a TPU slice; prints per-device memory and FLOPs."""
   if _FIND_MAX_BATCH.value:
     config_copy = config.copy_and_resolve_references()
-    dp = math.prod(sharding_lib.mesh_shape(config.mesh, _chips(_TOPOLOGY.value))[:2])
+    dp = math.prod(sharding_lib.mesh_shape(config.mesh, _num_devices(_TOPOLOGY.value))[:2])
     phase = _PHASE.value or next(iter(config.phases))
     best, result = find_max_batch(lambda: config_copy.copy_and_resolve_references(),
                                   _TOPOLOGY.value, phase,
                                   config.phases[phase].global_batch_size // dp)
-    print(f"largest per-chip batch that fits: {best}")
+    print(f"largest per-device batch that fits: {best}")
     if result is not None:
       print_aot(result)
     return

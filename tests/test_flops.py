@@ -124,3 +124,30 @@ def _child(payload):
 
 if __name__ == "__main__":
   print(json.dumps(_child(json.loads(sys.argv[1]))))
+
+
+def test_aot_result_splits_a_chips_hbm_between_its_devices():
+  from bertjax import benchmark  # pylint: disable=g-import-not-at-top
+  r = benchmark.AotResult(
+      topology="v4:2x2x1", devices=8, chips=4, device_kind="TPU v4", mesh={"data": 8},
+      phase="seq128", global_batch_size=256, seq_len=128, attention="splash",
+      compile_seconds=1.0, argument_bytes=10 * 2**30, temp_bytes=7 * 2**30,
+      unaliased_output_bytes=0, compiled_flops=None, analytic_flops=1.0, xla_view_flops=1.0)
+  assert r.hbm_bytes == 16 * 2**30 and r.total_bytes == 17 * 2**30 and r.fits is False
+  r.temp_bytes = 5 * 2**30
+  assert r.fits is True
+  assert benchmark.AotResult(**{**r.__dict__, "device_kind": "cpu"}).fits is None
+
+
+def test_xla_view_of_flops_drops_scanned_layers_and_pallas_attention():
+  from bertjax import benchmark  # pylint: disable=g-import-not-at-top
+  config = _config(scan_layers=True)
+  one_layer = config.replace(num_layers=1)
+  assert benchmark.flops_as_xla_counts(config, SEQ, PRED, 8, "xla") == pytest.approx(
+      8 * flops.train_flops_per_sequence(one_layer, SEQ, PRED))
+  attention_matmuls = 3 * SEQ * 2 * 2 * SEQ * config.hidden_size * 8
+  assert benchmark.flops_as_xla_counts(config, SEQ, PRED, 8, "splash") == pytest.approx(
+      8 * flops.train_flops_per_sequence(one_layer, SEQ, PRED) - attention_matmuls)
+  unrolled = config.replace(scan_layers=False)
+  assert benchmark.flops_as_xla_counts(unrolled, SEQ, PRED, 8, "xla", 2) == pytest.approx(
+      4 * flops.train_flops_per_sequence(unrolled, SEQ, PRED))

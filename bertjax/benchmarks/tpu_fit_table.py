@@ -8,10 +8,11 @@
 For every combination it compiles the train step for the slice on this CPU
 host (bertjax.benchmark.aot_compile) with the attention kernel `auto` picks
 there, and prints one markdown row as soon as it is done: per-chip HBM
-needed, whether it fits the chip, XLA's FLOPs per step against bertjax's
+needed per device (a chip, or a TensorCore where the topology lists
+cores), whether it fits, XLA's FLOPs per step against bertjax's
 analytic count as XLA sees the program (scanned layers counted once, Pallas
-kernels not counted) and, with --find_max_batch, the largest per-chip batch
-that fits. Attention dropout is 0 unless --attention_dropout_rate says
+kernels not counted) and, with --find_max_batch, the largest per-device
+batch that fits. Attention dropout is 0 unless --attention_dropout_rate says
 otherwise, so that `auto` may pick the splash kernel.
 """
 
@@ -34,9 +35,9 @@ SLICES = {
     "v5p-8": "v5p:2x2x1", "v5p-32": "v5p:2x2x4",
     "v6e-8": "v6e:2x4", "v6e-32": "v6e:4x8",
 }
-HEADER = ("| config | phase (global batch) | slice | chips | attention | mesh | HBM needed "
-          "per chip | fits | XLA FLOPs/step | analytic as XLA counts | ratio | analytic "
-          "model FLOPs/step | max per-chip batch |")
+HEADER = ("| config | phase (global batch) | slice | chips (devices) | attention | mesh | "
+          "HBM needed per device | fits | XLA FLOPs/step | analytic as XLA counts | ratio | "
+          "analytic model FLOPs/step | max per-device batch |")
 
 
 def load_config(name: str, attention_dropout_rate: float):
@@ -55,8 +56,9 @@ def row(config_name: str, slice_name: str, r: benchmark.AotResult, max_batch) ->
   gib = r.total_bytes / 2**30
   fits = {True: "yes", False: "no", None: "?"}[r.fits]
   hbm = f" of {r.hbm_bytes / 2**30:.0f}" if r.hbm_bytes else ""
-  xla = r.compiled_flops * r.chips if r.compiled_flops else None
-  return (f"| {config_name} | {r.phase} ({r.global_batch_size}) | {slice_name} | {r.chips} | "
+  xla = r.compiled_flops * r.devices if r.compiled_flops else None
+  return (f"| {config_name} | {r.phase} ({r.global_batch_size}) | {slice_name} | "
+          f"{r.chips} ({r.devices}) | "
           f"{r.attention} | {mesh} | {gib:.2f}{hbm} GiB | {fits} | "
           f"{f'{xla:.4g}' if xla else 'n/a'} | {r.xla_view_flops:.4g} | "
           f"{f'{xla / r.xla_view_flops:.3f}' if xla else 'n/a'} | {r.analytic_flops:.4g} | "
