@@ -93,7 +93,7 @@ def choose(impl: str, *, attention_dropout_rate: float, dtype: str, platform: st
   problem = config_problem(fused, 0.0, dtype)
   if problem:
     return "xla", f"{fused} not usable: {problem}"
-  return fused, f"fastest valid kernel on {platform}"
+  return fused, f"the fused attention kernel for {platform}"
 
 
 def _log_once(kernel: str, reason: str):
