@@ -178,6 +178,9 @@ def _count_chips(devices) -> int:
   return len(coords)
 
 
+MAX_SEARCHED_BATCH = 65536  # Per device; the search stops doubling here.
+
+
 def find_max_batch(make_config, topology: str, phase_name: str, start: int,
                    log=print) -> tuple[int, AotResult | None]:
   """Largest per-device batch whose step fits the device's HBM: binary search over compiles.
@@ -199,6 +202,8 @@ def find_max_batch(make_config, topology: str, phase_name: str, start: int,
   lo, hi = 0, max(start, 1)
   while fits(hi):
     lo, hi = hi, hi * 2
+    if hi > MAX_SEARCHED_BATCH:
+      return lo, tried[lo]
   while hi - lo > 1:
     mid = (lo + hi) // 2
     lo, hi = (mid, hi) if fits(mid) else (lo, mid)
