@@ -29,6 +29,8 @@ setuptools.setup(
         "tqdm>=4.60",
         # TFRecord CRC checks when the input pipeline reads records by offset.
         "google-crc32c>=1.5",
+        # Hugging Face weights (model.safetensors) in the export and init_from.
+        "safetensors>=0.4",
     ],
     extras_require={
         "tpu": ["jax[tpu]"],

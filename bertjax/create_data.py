@@ -57,8 +57,16 @@ _NUM_OUTPUT_SHARDS = flags.DEFINE_integer("num_output_shards", 16,
 _NUM_WORKERS = flags.DEFINE_integer(
     "num_workers", None, "Worker processes (default: all cores).")
 _DOCS_PER_CHUNK = flags.DEFINE_integer(
-    "docs_per_chunk", 2048, "Documents processed together; the random-next "
-    "segment B comes from another document of the same chunk.")
+    "docs_per_chunk", 2048, "Documents processed together, drawn at random "
+    "from the whole input; the random-next segment B comes from another "
+    "document of the same chunk.")
+_PARTITION_MB = flags.DEFINE_float(
+    "partition_mb", 4.0, "Megabytes of input per partition (the unit of "
+    "work that makes instances); part of the settings the output depends on.")
+_SPLIT_MB = flags.DEFINE_float(
+    "split_mb", 64.0, "Uncompressed input files larger than this are read "
+    "by several workers, in byte ranges of this size (the output does not "
+    "depend on it).")
 _RUNNER = flags.DEFINE_string(
     "runner", "local", "local (worker processes) or beam:<Runner>, e.g. "
     "beam:DirectRunner, beam:DataflowRunner, beam:FlinkRunner.")
@@ -93,12 +101,14 @@ def main(argv):
       random_seed=_RANDOM_SEED.value,
       whole_word_mask=_WWM.value,
       num_output_shards=_NUM_OUTPUT_SHARDS.value,
-      docs_per_chunk=_DOCS_PER_CHUNK.value)
+      docs_per_chunk=_DOCS_PER_CHUNK.value,
+      partition_bytes=max(1, int(_PARTITION_MB.value * 2**20)))
   try:
     config.validate()
     shards = documents.list_input_shards(
         _INPUT_FILE.value, _INPUT_FORMAT.value, tfds_name=_TFDS_NAME.value,
-        tfds_split=_TFDS_SPLIT.value, tfds_feature=_TFDS_FEATURE.value)
+        tfds_split=_TFDS_SPLIT.value, tfds_feature=_TFDS_FEATURE.value,
+        split_bytes=max(1, int(_SPLIT_MB.value * 2**20)))
     spec = creation.TokenizerSpec(_TOKENIZER.value, _VOCAB_FILE.value,
                                   _DO_LOWER_CASE.value)
     source = documents.describe_source(_INPUT_FORMAT.value, _INPUT_FILE.value,

@@ -18,6 +18,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.seed = 0  # Seeds parameter init, dropout and the data order.
   config.total_steps = 1_000_000  # Optimizer steps over all phases together.
   config.init_from = ""  # Weights to start from when the workdir has no checkpoint: a bertjax checkpoint dir or a Hugging Face model dir.
+  config.allow_changes = ""  # Comma-separated fields (e.g. total_steps,phases.*.train_files) that may differ from the run recorded in workdir/config.json when resuming; logged.
 
   # The architecture (bertjax.model.config.BertConfig).
   config.model = ml_collections.ConfigDict()

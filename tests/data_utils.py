@@ -8,6 +8,7 @@ Ids 0..4 are [PAD] [UNK] [CLS] [SEP] [MASK]; the other ids are words.
 """
 
 import os
+import random
 from typing import Any, Optional
 
 import numpy as np
@@ -239,3 +240,83 @@ def check_index(shard_path: str, expected: Optional[int] = None) -> int:
   if expected is not None and len(actual) != expected:
     raise ValueError(f"{shard_path}: {len(actual)} records, expected {expected}")
   return len(actual)
+
+
+# Datasets made by bertjax.create read back, and corpora whose files can be
+# told apart by their words.
+
+
+def parse_files(files, max_seq_length: int, max_pred: int) -> dict[str, np.ndarray]:
+  """Every record of TFRecord files in the schema, as numpy arrays (tf.data)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  spec = {name: tf.io.FixedLenFeature(
+      [schema.feature_length(name, max_seq_length, max_pred)],
+      tf.float32 if dtype == "float32" else tf.int64)
+          for name, (dtype, _) in schema.FEATURES.items()}
+  rows = {}
+  for ex in tf.data.TFRecordDataset(files).batch(1024).map(
+      lambda x: tf.io.parse_example(x, spec)).as_numpy_iterator():
+    for k, v in ex.items():
+      rows.setdefault(k, []).append(v)
+  return {k: np.concatenate(v) for k, v in rows.items()}
+
+
+def parse_dataset(out: str) -> dict[str, np.ndarray]:
+  """Every record of a dataset directory, as numpy arrays."""
+  md = schema.read_metadata(out)
+  return parse_files([os.path.join(out, f["name"]) for f in md.files],
+                     md.max_seq_length, md.max_predictions_per_seq)
+
+
+def unmasked_ids(ex):
+  """input_ids with the original ids back at the masked positions."""
+  ids = ex["input_ids"].copy()
+  rows, cols = np.nonzero(ex["masked_lm_weights"] > 0)
+  ids[rows, ex["masked_lm_positions"][rows, cols]] = ex["masked_lm_ids"][rows, cols]
+  return ids
+
+
+def file_words(f, n=40):
+  """Words only file f uses, so a token tells its file."""
+  return [f"q{f}x{i}" for i in range(n)]
+
+
+def write_files_corpus(root, num_files, docs_per_file, seed=0):
+  """Sentences-format files, each with its own words; returns (paths, vocab)."""
+  rng = random.Random(seed)
+  os.makedirs(root, exist_ok=True)
+  paths = []
+  for f in range(num_files):
+    words = file_words(f)
+    docs = ["\n".join(" ".join(rng.choice(words) for _ in range(
+        rng.randint(4, 12))) + "." for _ in range(rng.randint(2, 6)))
+            for _ in range(docs_per_file)]
+    paths.append(os.path.join(root, f"file{f}.txt"))
+    with open(paths[-1], "w", encoding="utf-8") as out:
+      out.write("\n\n".join(docs) + "\n\n")  # The original joins a file's
+      # last document to the next file's first unless a blank line ends it.
+  vocab = os.path.join(root, "vocab.txt")
+  with open(vocab, "w", encoding="utf-8") as out:
+    out.write("\n".join(list(schema.SPECIAL_TOKENS) + ["."] + [
+        w for f in range(num_files) for w in file_words(f)]) + "\n")
+  return paths, vocab
+
+
+def own_file_share(ex, vocab_path, num_files):
+  """(share of random-next B segments from A's own file, random-next share)."""
+  with open(vocab_path, encoding="utf-8") as f:
+    tokens = f.read().split("\n")
+  file_of = np.full(len(tokens), -1)
+  for i, t in enumerate(tokens):
+    if t.startswith("q") and "x" in t:
+      file_of[i] = int(t[1:t.index("x")])
+  ids, seg = unmasked_ids(ex), ex["segment_ids"]
+  files = file_of[ids]
+  random_next = ex["next_sentence_labels"][:, 0] == 1
+  same = []
+  for row in np.flatnonzero(random_next):
+    a = files[row][(seg[row] == 0) & (files[row] >= 0)]
+    b = files[row][(seg[row] == 1) & (files[row] >= 0)]
+    assert len(set(a.tolist())) == 1 and len(set(b.tolist())) == 1
+    same.append(a[0] == b[0])
+  return float(np.mean(same)), float(random_next.mean())

@@ -28,18 +28,29 @@ def cache_dir(tmp_path_factory) -> str:
   return path
 
 
-def run(script: str, payload: Any, *, cache: str, devices: int = 1,
-        timeout: int = 400) -> tuple[Any, str]:
-  """Runs `python script JSON(payload)`; returns (its JSON result, its stderr)."""
-  env = dict(
-      os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO,
+def child_env(devices: int, cache: str) -> dict[str, str]:
+  """The environment variables of a child JAX process on `devices` CPU devices."""
+  return dict(
+      JAX_PLATFORMS="cpu", PYTHONPATH=REPO,
       XLA_FLAGS=(f"--xla_force_host_platform_device_count={devices} "
                  "--xla_backend_optimization_level=0"),
       JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.2",
       # A size limit makes the cache take a file lock around reads and writes,
       # so that children running side by side never read a half-written entry.
       JAX_COMPILATION_CACHE_MAX_SIZE=str(2**30))
+
+
+def run(script: str, payload: Any, *, cache: str, devices: int = 1,
+        timeout: int = 400, returncode: int = 0) -> tuple[Any, str]:
+  """Runs `python script JSON(payload)`; returns (its JSON result, its stderr).
+
+  The child must end with `returncode` (e.g. -9 for one that kills itself
+  with SIGKILL); the result is None when it printed none.
+  """
+  env = dict(os.environ, **child_env(devices, cache))
   done = subprocess.run([sys.executable, script, json.dumps(payload)], env=env,
                         capture_output=True, text=True, timeout=timeout, check=False)
-  assert done.returncode == 0, f"{script} failed:\n{done.stderr[-6000:]}"
-  return json.loads(done.stdout.strip().splitlines()[-1]), done.stderr
+  assert done.returncode == returncode, f"{script} ended with {done.returncode}:\n" \
+      f"{done.stderr[-6000:]}"
+  lines = done.stdout.strip().splitlines()
+  return (json.loads(lines[-1]) if lines else None), done.stderr

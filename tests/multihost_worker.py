@@ -1,15 +1,22 @@
 """One process of a multi-process CPU run (driven by test_multihost.py).
 
-usage: multihost_worker.py PROCESS_ID NUM_PROCESSES PORT WORKDIR DATA_DIR STOP_AT
+usage: multihost_worker.py WORKDIR DATA_DIR SIGTERM_AT
 
-Runs train_and_evaluate on a tiny model over DATA_DIR with the global data
-order. With STOP_AT > 0 the run takes a preemption at that step (on every
-process at once, as TPU preemption notices do), saving a checkpoint.
-Writes this host's files of the default (files) order to WORKDIR/files-<id>.json.
+Launched as SLURM launches tasks: SLURM_* variables give the process count,
+this process's id and the coordinator (jax.distributed.initialize() finds
+them itself), and CPU collectives go through gloo. Runs train_and_evaluate
+on a tiny model over DATA_DIR with the global data order. With SIGTERM_AT > 0
+the last process sends itself a real SIGTERM once step SIGTERM_AT is logged,
+as a platform's preemption notice reaches one host. Prints the summary and
+a digest of the parameters of the last checkpoint (equal digests: bitwise
+equal parameters), and writes this host's files of the default (files) order
+to WORKDIR/files-<id>.json.
 """
 
+import hashlib
 import json
 import os
+import signal
 import sys
 
 import jax
@@ -19,14 +26,14 @@ from absl import logging
 # the run's own INFO lines (e.g. where it resumed) from this process's output.
 logging.set_verbosity(logging.INFO)
 
-process_id, num_processes, port = (int(a) for a in sys.argv[1:4])
-workdir, data_dir, stop_at = sys.argv[4], sys.argv[5], int(sys.argv[6])
-if num_processes > 1:
+workdir, data_dir, sigterm_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}",
-                             num_processes=num_processes, process_id=process_id)
+  jax.distributed.initialize()
 
 import ml_collections  # pylint: disable=g-import-not-at-top,wrong-import-position
+import numpy as np  # pylint: disable=g-import-not-at-top,wrong-import-position
+from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "configs"))
 import base  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -34,6 +41,8 @@ import base  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bertjax.input import pipeline  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bertjax.train import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from bertjax.train import loop  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bertjax.train import sharding as sharding_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from bertjax.train import state as state_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 config = base.get_config()
 config.total_steps = 6
@@ -41,21 +50,41 @@ config.model.update(vocab_size=128, hidden_size=32, num_layers=2, num_heads=4,
                     intermediate_size=64, dtype="float32")
 phase = config.phases.seq128
 phase.update(fraction=1.0, max_seq_length=32, max_predictions_per_seq=5,
-             global_batch_size=16, train_files=os.path.join(data_dir, "*.tfrecord"))
+             global_batch_size=16, train_files=os.path.join(data_dir, "*.tfrecord"),
+             eval_files=os.path.join(data_dir, "*.tfrecord"))
 config.phases = ml_collections.ConfigDict({"seq32": phase})
 config.data.order = "global"
 config.optimizer.update(learning_rate=1e-3, warmup_steps=2)
 config.mesh.update(data=2, fsdp=2, tensor=2)
 config.checkpoint.update(every_steps=100, async_save=True)
-config.logging.update(every_steps=1, eval_every_steps=0)
+config.logging.update(every_steps=1, eval_every_steps=0, eval_batches=0)
 
-if stop_at:
-  ckpt_lib.Checkpointer.reached_preemption = lambda self, step: step == stop_at
+if sigterm_at and jax.process_index() == jax.process_count() - 1:
+  log_train = loop.MetricLogger.log_train
+
+  def log_then_signal(self, step, *args, **kwargs):
+    out = log_train(self, step, *args, **kwargs)
+    if step == sigterm_at:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return out
+  loop.MetricLogger.log_train = log_then_signal
 
 files_order = pipeline.TrainSource(
     phase.train_files, 16, max_seq_length=32, max_predictions_per_seq=5, seed=0)
-with open(os.path.join(workdir, f"files-{process_id}.json"), "w") as f:
+with open(os.path.join(workdir, f"files-{jax.process_index()}.json"), "w") as f:
   json.dump(files_order.host_files, f)
 
 summary = loop.train_and_evaluate(config, workdir)
 print("SUMMARY", json.dumps(summary))
+
+# The last checkpoint's parameters, gathered from every host's shards.
+run, model, tx, _ = loop._setup(config)  # pylint: disable=protected-access
+abstract, shardings = state_lib.abstract_train_state(model, tx, run.mesh,
+                                                     sharding_lib.rules(config.mesh))
+checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=5,
+                                     async_save=False)
+state, meta = checkpointer.restore(abstract, shardings)
+checkpointer.close()
+leaves = [np.asarray(x) for x in jax.tree.leaves(multihost_utils.process_allgather(
+    state.params, tiled=True))]
+print("DIGEST", meta["step"], hashlib.sha256(b"".join(x.tobytes() for x in leaves)).hexdigest())

@@ -9,11 +9,13 @@ import random
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from bertjax.create import creation
 from bertjax.create import documents
 from bertjax.create import records
+from bertjax.create import tasks
 from bertjax.records import schema
 import data_utils
 
@@ -172,7 +174,7 @@ class _DyingSpec(creation.TokenizerSpec):
 def test_a_dying_worker_stops_the_run_with_an_error(setup, tmp_path):
   spec = _DyingSpec("wordpiece", setup["spec"].path, True)
   with pytest.raises(RuntimeError, match="worker process stopped unexpectedly "
-                     "while mapping input shard"):
+                     "while creating instances"):
     creation.create_pretraining_data(setup["shards"], spec, setup["config"],
                                      str(tmp_path / "dead"), num_workers=2,
                                      show_progress=False, log=lambda *a: None)
@@ -189,7 +191,7 @@ def test_beam_direct_runner_equals_worker_output(setup, tmp_path):
 
 def test_rerun_skips_finished_shards(setup, tmp_path, monkeypatch):
   out = str(tmp_path / "resume")
-  real_reduce = creation._reduce_task  # pylint: disable=protected-access
+  real_reduce = tasks.reduce_task
   calls = collections.Counter()
 
   def failing_reduce(shard_index, *args):
@@ -198,7 +200,7 @@ def test_rerun_skips_finished_shards(setup, tmp_path, monkeypatch):
     calls["reduce"] += 1
     return real_reduce(shard_index, *args)
 
-  monkeypatch.setattr(creation, "_reduce_task", failing_reduce)
+  monkeypatch.setattr(tasks, "reduce_task", failing_reduce)
   with pytest.raises(RuntimeError, match="interrupted"):
     creation.create_pretraining_data(setup["shards"], setup["spec"],
                                      setup["config"], out, num_workers=1,
@@ -207,7 +209,7 @@ def test_rerun_skips_finished_shards(setup, tmp_path, monkeypatch):
   assert not os.path.exists(os.path.join(out, records.shard_name(1, 3)))
   assert schema.read_metadata(out) is None
 
-  real_map = creation._map_task  # pylint: disable=protected-access
+  real_map = tasks.map_task
 
   def counting_map(*args):
     calls["map"] += 1
@@ -217,8 +219,8 @@ def test_rerun_skips_finished_shards(setup, tmp_path, monkeypatch):
     calls["reduce2"] += 1
     return real_reduce(*args)
 
-  monkeypatch.setattr(creation, "_map_task", counting_map)
-  monkeypatch.setattr(creation, "_reduce_task", counting_reduce)
+  monkeypatch.setattr(tasks, "map_task", counting_map)
+  monkeypatch.setattr(tasks, "reduce_task", counting_reduce)
   first = os.stat(os.path.join(out, records.shard_name(0, 3))).st_mtime_ns
   creation.create_pretraining_data(setup["shards"], setup["spec"],
                                    setup["config"], out, num_workers=1,
@@ -305,3 +307,115 @@ def test_cli(setup, tmp_path):
   bad = subprocess.run(cmd[:-2] + ["--masked_lm_prob=2", "--output_dir=" + out + "2"],
                        capture_output=True, text=True, env=env, check=False)
   assert bad.returncode != 0 and "--masked_lm_prob=2" in bad.stderr
+
+
+def test_random_next_segments_come_from_the_whole_corpus(tmp_path):
+  # 4 files of 300 documents: B from A's own file for 299 of the 1199 other
+  # documents, 24.9%, as the original script gives (test_original_release);
+  # drawn within one file's chunk it was over 90%.
+  paths, vocab = data_utils.write_files_corpus(str(tmp_path / "c4"), 4, 300)
+  config = creation.CreationConfig(max_seq_length=64, max_predictions_per_seq=8,
+                                   dupe_factor=2, num_output_shards=2)
+  spec = creation.TokenizerSpec("wordpiece", vocab, True)
+  out = str(tmp_path / "out4")
+  creation.create_pretraining_data(
+      documents.list_input_shards(",".join(paths)), spec, config, out,
+      num_workers=1, show_progress=False, log=lambda *a: None)
+  share, random_next = data_utils.own_file_share(data_utils.parse_dataset(out), vocab, 4)
+  assert abs(share - 299 / 1199) < 0.05, share
+  assert 0.4 < random_next < 0.7  # Over half: one-sentence chunks.
+  # One document per file: B never comes from A's own file (its document).
+  paths, vocab = data_utils.write_files_corpus(str(tmp_path / "c1"), 8, 1)
+  for p in paths:  # A long document per file: many instances.
+    with open(p, encoding="utf-8") as f:
+      text = f.read().strip()
+    with open(p, "w", encoding="utf-8") as f:
+      f.write("\n".join([text] * 40) + "\n")
+  out = str(tmp_path / "out1")
+  creation.create_pretraining_data(
+      documents.list_input_shards(",".join(paths)),
+      creation.TokenizerSpec("wordpiece", vocab, True), config, out,
+      num_workers=1, show_progress=False, log=lambda *a: None)
+  share, random_next = data_utils.own_file_share(data_utils.parse_dataset(out), vocab, 8)
+  assert share == 0.0 and 0.3 < random_next < 0.7
+
+
+def test_output_does_not_depend_on_how_large_files_are_split(setup, tmp_path):
+  big = tmp_path / "big.txt"
+  with open(big, "wb") as out:
+    for name in sorted(os.listdir(setup["root"] / "corpus")):
+      out.write((setup["root"] / "corpus" / name).read_bytes())
+    # Runs of blank and whitespace-only lines between documents.
+    out.write(b"\n  \n\t\nLast document.\nIts end.\n\n\n")
+  size = os.path.getsize(big)
+  whole = documents.list_input_shards(str(big))
+  assert len(whole) == 1 and not whole[0].byte_range
+
+  def located(shards):
+    report = collections.Counter()
+    docs = [d[:3] for s in shards
+            for d in documents.iter_located_documents(s, report)]
+    return docs, report
+
+  want = located(whole)
+  for split in (1, 7, 100, 1000, size // 3, size - 1):
+    shards = documents.list_input_shards(str(big), split_bytes=split)
+    assert len(shards) == -(-size // split)
+    assert located(shards) == want, split
+  outs = {}
+  for name, split, workers in (("whole", 1 << 30, 1), ("split", 997, 2)):
+    outs[name] = str(tmp_path / name)
+    creation.create_pretraining_data(
+        documents.list_input_shards(str(big), split_bytes=split),
+        setup["spec"], setup["config"], outs[name], num_workers=workers,
+        show_progress=False, log=lambda *a: None)
+  _same_files(outs["whole"], outs["split"])
+
+
+def test_rerun_with_another_tokenizer_or_casing_is_refused(setup, tmp_path):
+  out = setup["out1"]
+  cased = creation.TokenizerSpec("wordpiece", setup["spec"].path, False)
+  with pytest.raises(ValueError, match=r"different tokenizer\.do_lower_case "
+                     r"\(True, now False\)"):
+    creation.create_pretraining_data(setup["shards"], cased, setup["config"],
+                                     out, num_workers=1, source="test",
+                                     show_progress=False)
+  other = tmp_path / "vocab.txt"
+  with open(setup["spec"].path, encoding="utf-8") as f:
+    other.write_text(f.read() + "zebra\n")
+  with pytest.raises(ValueError, match="different vocab_hash"):
+    creation.create_pretraining_data(
+        setup["shards"], creation.TokenizerSpec("wordpiece", str(other), True),
+        setup["config"], out, num_workers=1, source="test",
+        show_progress=False)
+
+
+def test_whole_word_masking_end_to_end(setup, tmp_path):
+  config = dataclasses.replace(setup["config"], whole_word_mask=True,
+                               dupe_factor=2)
+  out = str(tmp_path / "wwm")
+  md = creation.create_pretraining_data(setup["shards"], setup["spec"], config,
+                                        out, num_workers=2, show_progress=False,
+                                        log=lambda *a: None)
+  assert md.masking["whole_word_mask"] and md.num_instances > 200
+  ex = data_utils.parse_dataset(out)
+  ids = data_utils.unmasked_ids(ex)
+  starts = np.asarray(setup["spec"].load().is_word_start, bool)
+  sep = md.special_ids["sep"]
+  groups_split = multi_piece = 0
+  for row in range(len(ids)):
+    k = int(ex["masked_lm_weights"][row].sum())
+    masked = set(ex["masked_lm_positions"][row, :k].tolist())
+    n = int(ex["input_mask"][row].sum())
+    word = []  # Positions of the current word.
+    for pos in range(1, n + 1):
+      if pos < n and ids[row, pos] != sep and word and not starts[ids[row, pos]]:
+        word.append(pos)
+        continue
+      if word:
+        hit = masked & set(word)
+        groups_split += bool(hit) and hit != set(word)
+        multi_piece += len(word) > 1 and hit == set(word)
+      word = [pos] if pos < n and ids[row, pos] != sep else []
+  assert groups_split == 0
+  assert multi_piece > 50  # Words of several pieces were masked, whole.

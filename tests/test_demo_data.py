@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from bertjax.create import demo
+from bertjax.create import tasks
 from bertjax.records import schema
 import data_utils
 
@@ -87,8 +88,7 @@ def test_idempotent(built):
 
 
 def test_resumes_after_an_interruption(built, tmp_path, monkeypatch):
-  from bertjax.create import creation  # pylint: disable=g-import-not-at-top
-  real_reduce = creation._reduce_task  # pylint: disable=protected-access
+  real_reduce = tasks.reduce_task
 
   def interrupted(shard_index, output_dir, *args):
     if output_dir.endswith("train_512") and shard_index == 2:
@@ -104,11 +104,11 @@ def test_resumes_after_an_interruption(built, tmp_path, monkeypatch):
       data = f.read()
     with open(built[key].replace(built["data_dir"], data_dir), "wb") as f:
       f.write(data)
-  monkeypatch.setattr(creation, "_reduce_task", interrupted)
+  monkeypatch.setattr(tasks, "reduce_task", interrupted)
   with pytest.raises(KeyboardInterrupt):
     demo.ensure_demo_data(data_dir, log=lambda *a: None)
   assert schema.read_metadata(os.path.join(data_dir, "train_512")) is None
-  monkeypatch.setattr(creation, "_reduce_task", real_reduce)
+  monkeypatch.setattr(tasks, "reduce_task", real_reduce)
   paths = demo.ensure_demo_data(data_dir, log=lambda *a: None)
   for split in ("train", "eval"):
     for length in (128, 512):

@@ -19,6 +19,15 @@ from bertjax.create import instances
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
+def _instance_of(batch, i):
+  """Row i of an instance_batches.MaskedBatch as an instances.Instance."""
+  n, k = int(batch.lengths_B[i]), int(batch.num_predictions_B[i])
+  return instances.Instance(batch.input_ids_BxL[i, :n].tolist(), int(batch.num_a_B[i]),
+                            batch.masked_lm_positions_BxP[i, :k].tolist(),
+                            batch.masked_lm_ids_BxP[i, :k].tolist(),
+                            bool(batch.is_random_next_B[i]))
+
+
 # --- A port of the original algorithm (token strings, Python random). -------
 
 def _orig_truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng):
@@ -243,7 +252,7 @@ def _make(docs, vocab, max_seq_length, short_seq_prob, max_pred, seed, path):
       batch = instance_batches.mask_arrays(
           *instance_batches.assemble_pairs(spans, tokens, starts, max_seq_length, vocab),
           0.15, max_pred, vocab, rng.generator)
-      got = [batch.instance(i) for i in range(len(batch))]
+      got = [_instance_of(batch, i) for i in range(len(batch))]
     made.extend(got)
   return made
 
@@ -429,7 +438,7 @@ def test_truncate_seq_pair_matches_bounds():
     len_a, len_b = lengths.randint(1, 80), lengths.randint(1, 80)
     a, b = list(range(len_a)), list(range(100, 100 + len_b))
     r1, r2 = random.Random(seed), random.Random(seed)
-    instances.truncate_seq_pair(a, b, 50, r1)
+    _orig_truncate_seq_pair(a, b, 50, r1)
     a_lo, a_hi, b_lo, b_hi = instances._truncate_bounds(  # pylint: disable=protected-access
         len_a, len_b, 50, r2)
     assert a == list(range(a_lo, a_hi))

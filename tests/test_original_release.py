@@ -17,6 +17,7 @@ from bertjax.create import documents
 from bertjax.input import pipeline
 from bertjax.records import schema
 from bertjax.text import vocab as vocab_lib
+import data_utils
 
 
 
@@ -60,16 +61,7 @@ def made(tmp_path_factory):
 
 
 def _parse(files):
-  spec = {name: tf.io.FixedLenFeature(
-      [schema.feature_length(name, L, P)],
-      tf.float32 if dtype == "float32" else tf.int64)
-          for name, (dtype, _) in schema.FEATURES.items()}
-  out = {}
-  for ex in tf.data.TFRecordDataset(files).batch(1024).map(
-      lambda x: tf.io.parse_example(x, spec)).as_numpy_iterator():
-    for k, v in ex.items():
-      out.setdefault(k, []).append(v)
-  return {k: np.concatenate(v) for k, v in out.items()}
+  return data_utils.parse_files(files, L, P)
 
 
 def test_tokens_equal_the_originals_tokenizer(made, tmp_path):
@@ -170,3 +162,28 @@ def test_same_statistics_as_the_original(made):
   # The same tokens, in the same proportions.
   a, b = ours["counts"].astype(float), orig["counts"].astype(float)
   assert a @ b / np.sqrt((a @ a) * (b @ b)) > 0.999
+
+
+def test_random_next_from_other_files_at_the_originals_rate(tmp_path):
+  # 4 files of 300 documents, each file with its own words: the share of
+  # random-next B segments taken from A's own file, for the original script
+  # and for bertjax on the same files (expected 299/1199 = 24.9%).
+  paths, vocab = data_utils.write_files_corpus(str(tmp_path / "corpus"), 4, 300)
+  original = tmp_path / "original.tfrecord"
+  _run("-m", "bert.create_pretraining_data", f"--input_file={','.join(paths)}",
+       f"--output_file={original}", f"--vocab_file={vocab}",
+       "--do_lower_case=True", "--max_seq_length=64",
+       "--max_predictions_per_seq=8", "--dupe_factor=2", "--random_seed=7")
+  ours = str(tmp_path / "ours")
+  creation.create_pretraining_data(
+      documents.list_input_shards(",".join(paths)),
+      creation.TokenizerSpec("wordpiece", vocab, True),
+      creation.CreationConfig(max_seq_length=64, max_predictions_per_seq=8,
+                              dupe_factor=2, num_output_shards=1),
+      ours, num_workers=1, show_progress=False, log=lambda *a: None)
+  orig_share, _ = data_utils.own_file_share(
+      data_utils.parse_files([str(original)], 64, 8), vocab, 4)
+  our_share, _ = data_utils.own_file_share(
+      data_utils.parse_dataset(ours), vocab, 4)
+  assert abs(orig_share - 299 / 1199) < 0.05, orig_share
+  assert abs(our_share - orig_share) < 0.06, (our_share, orig_share)

@@ -7,8 +7,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bertjax.create import instance_batches
-from bertjax.create import record_batches
 from bertjax.create import records
 from bertjax.records import schema
 from bertjax.records import tfrecord
@@ -56,39 +54,6 @@ def test_encoder_bytes_equal_tensorflow_and_parse_identically(
     decoded = data_utils.decode_example(data)
     for name, values in features.items():
       np.testing.assert_array_equal(decoded[name], np.asarray(values))
-
-
-@pytest.mark.parametrize("max_seq_length,max_pred,vocab_size",
-                         [(128, 20, 30522), (512, 80, 250_000), (8, 2, 6),
-                          (64, 10, 100)])
-def test_frame_encoder_equals_framed_scalar_encoder(
-    max_seq_length, max_pred, vocab_size, tmp_path):
-  # Ids with 1-, 2- and 3-byte varints, rows of every length, 0/1 labels.
-  insts = _random_instances(1, 300, max_seq_length, max_pred, vocab_size)
-  B, L, P = len(insts), max_seq_length, max_pred
-  ids, pos, lab = (np.zeros((B, L), np.int64), np.zeros((B, P), np.int64),
-                   np.zeros((B, P), np.int64))
-  for i, (x, _, p, y, _) in enumerate(insts):
-    ids[i, :len(x)], pos[i, :len(p)], lab[i, :len(y)] = x, p, y
-  batch = instance_batches.MaskedBatch(
-      ids, np.asarray([len(x[0]) for x in insts]),
-      np.asarray([x[1] for x in insts]), pos, lab,
-      np.asarray([len(x[2]) for x in insts]), np.asarray([x[4] for x in insts]))
-  enc = records.ExampleEncoder(L, P, vocab_size)
-  framed = record_batches.FrameEncoder(enc).encode(batch)
-  want = [enc.encode(*inst) for inst in insts]
-  assert framed.records() == want
-  assert framed.blob == b"".join(records.frame(d) for d in want)
-  np.testing.assert_array_equal(framed.ends - framed.starts,
-                                [len(d) + 16 for d in want])
-  # The frames are a TFRecord file as TensorFlow reads it.
-  path = tmp_path / "frames.tfrecord"
-  path.write_bytes(framed.blob)
-  assert [r.numpy() for r in tf.data.TFRecordDataset(str(path))] == want
-  bad = batch.take(np.arange(B))
-  bad.input_ids_BxL[0, 1] = max(vocab_size, L, 2)
-  with pytest.raises(ValueError, match="ids must be in"):
-    record_batches.FrameEncoder(enc).encode(bad)
 
 
 def test_encoder_rejects_oversized_instances():

@@ -2,9 +2,10 @@
 
 Two phases (length 16, then 32) of 4 steps each. Runs go through child
 processes (this file, run as a script; see jax_child.py), which can take a
-SIGTERM, be handed a NaN batch, and report which data each phase read;
-losses come from the TensorBoard events that the run writes. Config errors
-are checked in this process, where nothing may compile.
+SIGTERM, be handed a NaN batch, be SIGKILLed while a checkpoint is being
+written or run out of file space in a save, and report which data each phase
+read; losses come from the TensorBoard events that the run writes. Config
+errors are checked in this process, where nothing may compile.
 """
 
 import glob
@@ -14,6 +15,7 @@ import os
 import signal
 import struct
 import sys
+import time
 
 import jax
 import ml_collections
@@ -22,8 +24,15 @@ import pytest
 
 import jax_child
 from bertjax.convert.weights import load_weights
+from bertjax.train import checkpoint as ckpt_lib
 from bertjax.train import loop
 from bertjax.train import run_config
+from bertjax.model.config import BertConfig
+from bertjax.train import state as state_lib
+from bertjax.train import step as step_lib
+from bertjax.train.logger import MetricLogger
+from bertjax.train.preemption import PreemptionGuard
+from bertjax.train.step_metrics import NonFiniteError, StepMetrics
 
 sys.path.insert(0, os.path.join(jax_child.REPO, "configs"))
 import base  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -69,18 +78,22 @@ def _child(payload: dict) -> dict:
     model_config = BertConfig.from_mapping(tiny_config().model)
     hf_files.save_hf_checkpoint(jax.device_get(params), model_config, out)
 
-  # Which phase read from which data step, at which length; and an optional
-  # NaN in the batch of one step.
+  # Which phase read from which data step, at which length; an optional NaN
+  # in the batch of one step; optional counters of the batches read.
   sources = []
   make_source = loop._train_source  # pylint: disable=protected-access
 
   def recording_source(config, phase, model_config):
     source = make_source(config, phase, model_config)
     iterate = source.iterate
+    read = [0]
+    if payload.get("source_stats"):  # Counters, as a TFRecord source keeps them.
+      source.stats = lambda: {"batches_read": read[0]}
 
     def recorded(start):
       sources.append(dict(phase=phase.name, start=start))
       for i, batch in enumerate(iterate(start)):
+        read[0] += 1
         sources[-1].setdefault("length", int(batch["input_ids"].shape[1]))
         if phase.start + start + i + 1 == payload.get("nan_at"):
           batch = dict(batch, masked_lm_weights=np.full_like(batch["masked_lm_weights"],
@@ -101,12 +114,15 @@ def _child(payload: dict) -> dict:
       return out
     loop.MetricLogger.log_train = log_then_signal
 
+  if payload.get("sigkill_in_save") or payload.get("file_limit_in_save"):
+    _hook_saves(payload.get("sigkill_in_save"), payload.get("file_limit_in_save"))
+
   result = {"error": None, "summary": None}
   try:
     result["summary"] = loop.train_and_evaluate(tiny_config(payload.get("config")), workdir,
                                                 weights_loader=load_weights)
-  except loop.NonFiniteError as e:
-    result["error"] = str(e)
+  except (NonFiniteError, ckpt_lib.CheckpointSaveError, run_config.ConfigError) as e:
+    result["error"] = f"{type(e).__name__}: {e}"
   result["sources"] = sources
 
   # Every checkpoint left in the workdir: its meta, and its parameters'
@@ -126,9 +142,33 @@ def _child(payload: dict) -> dict:
   return result
 
 
-def run(tmp_path_factory, workdir, **payload):
+def _hook_saves(sigkill_step, file_limit):
+  """Faults in the checkpoint save of one step, once it has started writing.
+
+  sigkill_step: the process SIGKILLs itself while the (async) save of that
+  step is under way. file_limit [step, bytes]: from the save of that step on,
+  no file may grow past `bytes` (RLIMIT_FSIZE; writes past it fail with
+  EFBIG, as they fail with ENOSPC on a full disk).
+  """
+  import resource  # pylint: disable=g-import-not-at-top
+  save = ckpt_lib.Checkpointer.save
+
+  def faulty_save(self, state, meta, **kwargs):
+    step = int(jax.device_get(state.step))
+    if file_limit and step == file_limit[0]:
+      resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit[1], resource.RLIM_INFINITY))
+    out = save(self, state, meta, **kwargs)
+    if step == sigkill_step:
+      assert glob.glob(os.path.join(self.directory, f"{step}.orbax-checkpoint-tmp*"))
+      os.kill(os.getpid(), signal.SIGKILL)
+    return out
+  ckpt_lib.Checkpointer.save = faulty_save
+
+
+def run(tmp_path_factory, workdir, returncode=0, **payload):
   result, log = jax_child.run(os.path.abspath(__file__), dict(payload, workdir=str(workdir)),
-                              cache=jax_child.cache_dir(tmp_path_factory))
+                              cache=jax_child.cache_dir(tmp_path_factory),
+                              returncode=returncode)
   return result, log
 
 
@@ -202,17 +242,6 @@ def test_phase_switch_preemption_resume_and_rerun(tmp_path_factory):
   assert events() == events_before
 
 
-def test_nonfinite_loss_stops_naming_the_step_and_is_never_checkpointed(tmp_path_factory):
-  workdir = tmp_path_factory.mktemp("nonfinite")
-  # Metrics are read only at phase ends and checkpoints, so the NaN of step 6
-  # is found when step 6 is about to be saved.
-  result, _ = run(tmp_path_factory, workdir, nan_at=6, config={"logging.every_steps": 100})
-  assert result["summary"] is None
-  assert "non-finite loss or gradient at step 6" in result["error"]
-  assert sorted(result["checkpoints"], key=int) == ["3", "4"]
-  assert all(c["finite"] for c in result["checkpoints"].values())
-
-
 def test_init_from_checkpoint_or_hugging_face_directory_starts_at_step_zero(
     tmp_path_factory):
   # The weights: two steps of a run (the first step's learning rate is 0).
@@ -238,6 +267,49 @@ def test_init_from_checkpoint_or_hugging_face_directory_starts_at_step_zero(
     assert result["sources"] == [dict(phase="seq16", start=0, length=16)], name
     assert list(result["checkpoints"]) == ["1"], name
     assert result["checkpoints"]["1"]["digest"] == weights, name
+
+
+def test_step_metrics_are_read_back_together_and_stop_at_the_first_nonfinite_step():
+  buffer = StepMetrics(max_in_flight=1, on_nonfinite="Resume from DIR.")
+  ok = lambda loss: {"loss": jax.numpy.float32(loss), "finite": jax.numpy.bool_(True)}
+  buffer.add(1, ok(2.0))
+  buffer.add(2, ok(1.5))
+  assert [float(m["loss"]) for m in buffer.take_window()] == [2.0, 1.5]
+  assert buffer.take_window() == []
+  buffer.add(3, ok(1.0))
+  buffer.add(4, {"loss": jax.numpy.float32(np.nan), "finite": jax.numpy.bool_(False)})
+  with pytest.raises(NonFiniteError, match=r"at step 4; the state of step 3 is kept .* "
+                                           r"Resume from DIR\."):
+    buffer.drain()
+
+
+def test_one_process_preemption_guard_takes_a_real_sigterm_and_restores_the_handler():
+  before = signal.getsignal(signal.SIGTERM)
+  with PreemptionGuard() as guard:
+    assert not guard.reached(1)
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert guard.reached(2) and guard.reached(3)
+  assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_throughput_leaves_out_checkpoint_and_eval_time(tmp_path):
+  model_config = BertConfig.from_mapping(tiny_config().model)
+  phase = run_config.phases(tiny_config())[0]
+  with MetricLogger(str(tmp_path), model_config, TOTAL_STEPS) as logger:
+    logger.start_window(0)
+    time.sleep(0.05)  # Training steps.
+    with logger.clock.measure("checkpoint"):
+      time.sleep(0.3)
+    with logger.clock.measure("eval"):
+      time.sleep(0.2)
+    m = logger.log_train(2, phase, [{"loss": 1.0, "mlm_accuracy": 0.5, "nsp_accuracy": 0.5,
+                                     "finite": True}] * 2, 1e-3)
+  assert 0.02 < m["step_time"] < 0.15, m  # 2 steps in about 0.05 s, not 0.55 s.
+  summary = logger.clock.summary()
+  assert summary["checkpoint_seconds"] >= 0.3 and summary["eval_seconds"] >= 0.2
+  assert summary["goodput"] == pytest.approx(
+      summary["step_seconds"] / summary["wall_seconds"], rel=0.05)
+  assert summary["goodput"] < 0.3
 
 
 BAD_CONFIGS = {
@@ -266,9 +338,9 @@ def test_config_errors_name_the_field_before_anything_compiles(case, tmp_path, m
 
   def compiles(*args, **kwargs):
     raise AssertionError("the run started building its state before the config was checked")
-  monkeypatch.setattr(loop.state_lib, "abstract_train_state", compiles)
-  monkeypatch.setattr(loop.state_lib, "create_train_state", compiles)
-  monkeypatch.setattr(loop.step_lib, "jit_train_step", compiles)
+  monkeypatch.setattr(state_lib, "abstract_train_state", compiles)
+  monkeypatch.setattr(state_lib, "create_train_state", compiles)
+  monkeypatch.setattr(step_lib, "jit_train_step", compiles)
   with pytest.raises(run_config.ConfigError, match=message):
     loop.train_and_evaluate(tiny_config(overrides), str(tmp_path))
   assert not os.path.exists(tmp_path / "checkpoints")
@@ -291,7 +363,7 @@ def test_batch_must_split_over_data_parallel_devices():
 def test_init_from_a_path_without_weights_is_an_error_naming_the_flag(tmp_path, monkeypatch):
   def compiles(*args, **kwargs):
     raise AssertionError("the run initialised a state before reading init_from")
-  monkeypatch.setattr(loop.state_lib, "create_train_state", compiles)
+  monkeypatch.setattr(state_lib, "create_train_state", compiles)
   empty = tmp_path / "empty"
   empty.mkdir()
   with pytest.raises(ValueError, match=r"--config\.init_from=.*empty: neither a bertjax "

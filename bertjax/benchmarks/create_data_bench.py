@@ -1,13 +1,14 @@
-"""Pretraining data creation speed: bertjax vs the original release's script.
+"""Pretraining data creation: speed against the original release, and memory.
 
   pip install -e ".[bench]"  # The original release (bert-tensorflow 1.0.4).
-  python -m bertjax.benchmarks.create_data_bench [--copies 8] [--dupe_factor 10]
-      [--max_seq_length 128] [--workers 2] [--repeat 1]
+  python -m bertjax.benchmarks.create_data_bench [--mb 20] [--repeat 3]
+      [--dupe_factor 10] [--max_seq_length 128] [--workers 2]
+  python -m bertjax.benchmarks.create_data_bench --peak_rss 2,20
 
-Builds a corpus from copies of the demo documents (Python's own
-documentation, about 1.5 MB a copy; each copy with the documents shuffled
-and every document's sentences rotated, so copies differ), a WordPiece vocab,
-and then times, on the same corpus, vocab and settings:
+The corpus is text no part of which is repeated: docstrings of the installed
+packages (corpus.py), `--mb` megabytes of it, one sentence per line, with a
+WordPiece vocab built on it. Speed: paired runs, alternating, on the same
+corpus, vocab and flags, each pair in turn:
 
 * the original: google-research/bert's create_pretraining_data.py itself,
   as PyPI's bert-tensorflow package ships it, run in this process (imports
@@ -15,30 +16,35 @@ and then times, on the same corpus, vocab and settings:
 * bertjax with one worker process and the tokenizer on one thread (per-core
   figures), and with --workers processes.
 
-Prints tokens/s and instances/s (tokens = non-padding tokens written) and
-bertjax's speed-up over the original. Figures depend on the machine;
-nothing here is a test. With --repeat N each bertjax run is repeated and
-every run printed, since a shared machine's timings vary.
+Prints every run, then per configuration the median and range of
+instances/s and of its ratio to the original's run of the same pair.
+
+--peak_rss SIZES runs bertjax (one process, one output shard, so the shard
+grows with the corpus) on corpora of the given sizes in megabytes, each in a
+fresh process, and prints the resident memory before creation and its peak
+during creation (Linux: VmHWM of /proc/self/status, reset before). Figures depend on the machine; nothing here is a test.
 """
 
 import argparse
+import json
 import os
-import random
 import shutil
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
+from bertjax.benchmarks import corpus as corpus_lib
 from bertjax.create import creation
-from bertjax.create import demo
 from bertjax.create import documents
-from bertjax.records import schema
 
 
 # --- The original. -----------------------------------------------------------
 
 def run_original(input_file, vocab_file, output_file, max_seq_length,
                  max_pred, dupe_factor, seed=12345):
-  """Runs the original script; returns (seconds, instances, tokens)."""
+  """Runs the original script; returns (seconds, instances)."""
   try:
     from bert import create_pretraining_data as original  # pylint: disable=g-import-not-at-top
   except ImportError as e:
@@ -55,117 +61,172 @@ def run_original(input_file, vocab_file, output_file, max_seq_length,
   start = time.time()
   original.main(None)
   seconds = time.time() - start
-  instances, tokens = _count(output_file, max_seq_length)
-  return seconds, instances, tokens
-
-
-def _count(path, max_seq_length):
-  """(records, non-padding tokens) of a TFRecord file, with tf.data."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  spec = {"input_mask": tf.io.FixedLenFeature([max_seq_length], tf.int64)}
-  instances = tokens = 0
-  for batch in tf.data.TFRecordDataset(path).batch(8192).map(
-      lambda x: tf.io.parse_example(x, spec)["input_mask"]):
-    instances += int(batch.shape[0])
-    tokens += int(tf.reduce_sum(batch))
-  return instances, tokens
+  count = sum(1 for _ in tf.data.TFRecordDataset(output_file))
+  return seconds, count
+
+
+# --- bertjax. ----------------------------------------------------------------
+
+def run_bertjax(corpus, vocab, config, out, workers):
+  """Runs bertjax; returns (seconds, instances)."""
+  shutil.rmtree(out, ignore_errors=True)
+  start = time.time()
+  md = creation.create_pretraining_data(
+      documents.list_input_shards(corpus),
+      creation.TokenizerSpec("wordpiece", vocab, True), config, out,
+      num_workers=workers, show_progress=False, log=lambda *a: None)
+  return time.time() - start, md.num_instances
 
 
 # --- The benchmark. ----------------------------------------------------------
 
-def build_corpus(directory, copies, seed=0):
-  """Writes `copies` varied copies of the demo documents; returns the path."""
-  docs = demo.demo_documents()
-  rng = random.Random(seed)
-  path = os.path.join(directory, "corpus.txt")
-  with open(path, "w", encoding="utf-8") as f:
-    for _ in range(copies):
-      order = list(range(len(docs)))
-      rng.shuffle(order)
-      for d in order:
-        k = rng.randrange(len(docs[d]))
-        f.write("\n".join(docs[d][k:] + docs[d][:k]) + "\n\n")
-  return path
-
-
-def _build_vocab(corpus, path, vocab_size):
+def build_corpus(directory, mb, vocab_size):
+  """Writes the docstring corpus and its vocab; returns their paths."""
   from bertjax.text import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
-  vocab_lib.build_wordpiece_vocab([corpus], path, vocab_size=vocab_size,
+  path = os.path.join(directory, "corpus.txt")
+  corpus_lib.write_corpus(path, corpus_lib.docstring_corpus(int(mb * 1e6)))
+  vocab = os.path.join(directory, "vocab.txt")
+  vocab_lib.build_wordpiece_vocab([path], vocab, vocab_size=vocab_size,
                                   do_lower_case=True)
+  return path, vocab
 
 
-def _report(name, seconds, instances, tokens, cores):
-  print(f"{name:<34} {seconds:8.2f} s {instances / seconds:12,.0f} inst/s "
-        f"{tokens / seconds:14,.0f} tok/s  ({cores} core{'s' * (cores > 1)})",
-        flush=True)
-  return instances / seconds
+def _summary(name, rates, ratios):
+  line = (f"{name:<36} median {statistics.median(rates):9,.0f} inst/s "
+          f"(range {min(rates):,.0f}-{max(rates):,.0f})")
+  if ratios:
+    line += (f"; {statistics.median(ratios):.1f}x the original "
+             f"(range {min(ratios):.1f}-{max(ratios):.1f})")
+  print(line, flush=True)
 
 
-def _split_corpus(corpus, directory, n):
-  """The corpus's documents dealt into n files, for the multi-process run."""
-  os.makedirs(directory)
-  with open(corpus, encoding="utf-8") as f:
+def speed(args, tmp, corpus, vocab):
+  config = creation.CreationConfig(
+      max_seq_length=args.max_seq_length,
+      max_predictions_per_seq=args.max_predictions_per_seq,
+      dupe_factor=args.dupe_factor, num_output_shards=8)
+  runs = [("bertjax, 1 process", 1)]
+  if args.workers > 1:
+    runs.append((f"bertjax, {args.workers} processes", args.workers))
+  rates = {name: [] for name, _ in runs}
+  ratios = {name: [] for name, _ in runs}
+  original = []
+  for r in range(args.repeat):
+    ref = None
+    if not args.skip_reference:
+      seconds, count = run_original(
+          corpus, vocab, os.path.join(tmp, "original.tfrecord"),
+          args.max_seq_length, args.max_predictions_per_seq, args.dupe_factor)
+      ref = count / seconds
+      original.append(ref)
+      print(f"pair {r}: original {seconds:8.1f} s {ref:10,.0f} inst/s",
+            flush=True)
+    for name, workers in runs:
+      seconds, count = run_bertjax(corpus, vocab, config,
+                                   os.path.join(tmp, "out"), workers)
+      rates[name].append(count / seconds)
+      if ref:
+        ratios[name].append(count / seconds / ref)
+      print(f"pair {r}: {name:<34} {seconds:8.1f} s "
+            f"{count / seconds:10,.0f} inst/s ({count:,} instances)",
+            flush=True)
+  if original:
+    _summary("original create_pretraining_data", original, [])
+  for name, _ in runs:
+    _summary(name, rates[name], ratios[name])
+
+
+def _memory_mib(field: str) -> float:
+  """A field of /proc/self/status (VmRSS, VmHWM) in MiB."""
+  with open("/proc/self/status") as f:
+    for line in f:
+      if line.startswith(field + ":"):
+        return int(line.split()[1]) / 1024
+  raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _peak_rss_child(corpus, vocab, spill_mb, dupe_factor):
+  """Runs creation here; prints, as JSON, the resident memory before it and
+  its peak during it (the kernel's high-water mark, reset before)."""
+  spec = creation.TokenizerSpec("wordpiece", vocab, True)
+  shards = documents.list_input_shards(corpus)
+  config = creation.CreationConfig(dupe_factor=dupe_factor, num_output_shards=1,
+                                   spill_bytes=int(spill_mb * 2**20))
+  out = tempfile.mkdtemp(prefix="create_data_rss_")
+  with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # Resets VmHWM to the current resident size.
+  before = _memory_mib("VmRSS")
+  try:
+    md = creation.create_pretraining_data(
+        shards, spec, config, out, num_workers=1, show_progress=False,
+        log=lambda *a: None)
+    shard = os.path.getsize(os.path.join(out, md.files[0]["name"]))
+  finally:
+    shutil.rmtree(out, ignore_errors=True)
+  print(json.dumps({"before_mib": before, "peak_mib": _memory_mib("VmHWM"),
+                    "instances": md.num_instances, "shard_mib": shard / 2**20}))
+
+
+def peak_rss(args, tmp, sizes):
+  """Corpora of the given sizes (prefixes of one corpus), each in a child."""
+  big, vocab = build_corpus(tmp, max(sizes), args.vocab_size)
+  with open(big, encoding="utf-8") as f:
     docs = f.read().split("\n\n")
-  for p in range(n):
-    with open(os.path.join(directory, f"part{p:02d}.txt"), "w",
-              encoding="utf-8") as f:
-      f.write("\n\n".join(docs[p::n]))
-  return documents.list_input_shards(os.path.join(directory, "*.txt"))
+  for mb in sizes:
+    path = os.path.join(tmp, f"corpus_{mb}.txt")
+    kept, size = [], 0
+    for d in docs:
+      if size >= mb * 1e6:
+        break
+      kept.append(d)
+      size += len(d.encode("utf-8")) + 2
+    with open(path, "w", encoding="utf-8") as f:
+      f.write("\n\n".join(kept) + "\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "bertjax.benchmarks.create_data_bench",
+         "--_rss_child", path, vocab, str(args.spill_mb),
+         str(args.dupe_factor)], capture_output=True, text=True, check=True)
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"{os.path.getsize(path) / 1e6:6.1f} MB corpus: {r['instances']:,} "
+          f"instances, one shard of {r['shard_mib']:,.0f} MiB; resident "
+          f"{r['before_mib']:,.0f} MiB before creation, peak "
+          f"{r['peak_mib']:,.0f} MiB during it (--spill_mb {args.spill_mb})",
+          flush=True)
 
 
 def main():
+  if len(sys.argv) > 1 and sys.argv[1] == "--_rss_child":
+    _peak_rss_child(sys.argv[2], sys.argv[3], float(sys.argv[4]),
+                    int(sys.argv[5]))
+    return
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--copies", type=int, default=8)
+  parser.add_argument("--mb", type=float, default=20.0,
+                      help="Megabytes of corpus text.")
   parser.add_argument("--dupe_factor", type=int, default=10)
   parser.add_argument("--max_seq_length", type=int, default=128)
   parser.add_argument("--max_predictions_per_seq", type=int, default=20)
-  parser.add_argument("--vocab_size", type=int, default=8000)
+  parser.add_argument("--vocab_size", type=int, default=16000)
   parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
-  parser.add_argument("--repeat", type=int, default=1)
+  parser.add_argument("--repeat", type=int, default=3)
   parser.add_argument("--skip_reference", action="store_true")
+  parser.add_argument("--peak_rss", default="",
+                      help="Comma-separated corpus sizes (MB) to measure "
+                      "peak memory at, instead of speed.")
+  parser.add_argument("--spill_mb", type=float, default=16.0,
+                      help="Spill size for --peak_rss.")
   args = parser.parse_args()
   os.environ["TOKENIZERS_PARALLELISM"] = "false"  # One thread: per-core figures.
   tmp = tempfile.mkdtemp(prefix="create_data_bench_")
   try:
-    corpus = build_corpus(tmp, args.copies)
-    vocab = os.path.join(tmp, "vocab.txt")
-    _build_vocab(corpus, vocab, args.vocab_size)
-    mb = os.path.getsize(corpus) / 1e6
-    print(f"corpus {mb:.1f} MB, vocab {vocab}, max_seq_length "
-          f"{args.max_seq_length}, dupe_factor {args.dupe_factor}")
-    spec = creation.TokenizerSpec("wordpiece", vocab, True)
-    runs = [("bertjax, 1 process", 1, documents.list_input_shards(corpus))]
-    if args.workers > 1:
-      runs.append((f"bertjax, {args.workers} processes", args.workers,
-                   _split_corpus(corpus, os.path.join(tmp, "parts"),
-                                 args.workers * 2)))
-    config = creation.CreationConfig(
-        max_seq_length=args.max_seq_length,
-        max_predictions_per_seq=args.max_predictions_per_seq,
-        dupe_factor=args.dupe_factor, num_output_shards=8)
-    best = {}
-    for _ in range(args.repeat):
-      for name, workers, shards in runs:
-        out = os.path.join(tmp, "out")
-        shutil.rmtree(out, ignore_errors=True)
-        start = time.time()
-        md = creation.create_pretraining_data(
-            shards, spec, config, out, num_workers=workers,
-            show_progress=False, log=lambda *a: None)
-        rate = _report(name, time.time() - start, md.num_instances,
-                       md.num_tokens, workers)
-        best[name] = max(best.get(name, 0.0), rate)
-        assert schema.read_metadata(out).num_instances == md.num_instances
-    if not args.skip_reference:
-      seconds, count, tokens = run_original(
-          corpus, vocab, os.path.join(tmp, "original.tfrecord"),
-          args.max_seq_length, args.max_predictions_per_seq, args.dupe_factor)
-      ref = _report("original create_pretraining_data", seconds, count,
-                    tokens, 1)
-      for name, workers, _ in runs:
-        print(f"{name}: {best[name] / ref:.1f}x the original's instances/s"
-              + (f" ({best[name] / ref / workers:.1f}x per core)"
-                 if workers > 1 else ""))
+    if args.peak_rss:
+      peak_rss(args, tmp, [float(x) for x in args.peak_rss.split(",")])
+      return
+    corpus, vocab = build_corpus(tmp, args.mb, args.vocab_size)
+    print(f"corpus {os.path.getsize(corpus) / 1e6:.1f} MB (installed "
+          f"docstrings, no repeated text), max_seq_length "
+          f"{args.max_seq_length}, dupe_factor {args.dupe_factor}", flush=True)
+    speed(args, tmp, corpus, vocab)
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
 

@@ -135,7 +135,7 @@ def flatten(tree, prefix: Path = ()) -> dict[Path, Any]:
   return flat
 
 
-def _to_numpy(x, path: Path) -> np.ndarray:
+def to_numpy(x, path: Path) -> np.ndarray:
   if getattr(x, "is_fully_addressable", True) is False:
     raise ValueError(f"{'/'.join(path)}: the array spans several hosts; gather the params "
                      "first (jax.experimental.multihost_utils.process_allgather)")
@@ -152,13 +152,13 @@ def unflatten(flat: Mapping[Path, Any]) -> dict:
   return tree
 
 
-def _unwrap(tree) -> Mapping:
+def unwrap(tree) -> Mapping:
   if isinstance(tree, Mapping) and set(tree) == {"params"}:
     return tree["params"]
   return tree
 
 
-def _show(paths, limit: int = 8) -> str:
+def show_paths(paths, limit: int = 8) -> str:
   names = sorted("/".join(p) for p in paths)
   more = f" ... ({len(names) - limit} more)" if len(names) > limit else ""
   return ", ".join(names[:limit]) + more
@@ -180,8 +180,8 @@ def hf_to_bertjax(hf_params, config: BertConfig, *, source: str = "hf_params") -
   axis when `config.scan_layers`. Every HF weight must be used and every
   bertjax weight found, else ValueError naming `source` and the weights.
   """
-  flat = {normalise_layer_norm(k): _to_numpy(v, k)
-          for k, v in flatten(_unwrap(hf_params)).items()}
+  flat = {normalise_layer_norm(k): to_numpy(v, k)
+          for k, v in flatten(unwrap(hf_params)).items()}
   tops = {k[0] for k in flat}
   if "bert" in tops:
     heads, hf_prefix, bj_prefix = True, ("bert",), ("bert",)
@@ -219,13 +219,13 @@ def describe(config: BertConfig) -> str:
 def _key_error(source, config, missing, unexpected) -> str:
   parts = [f"{source}: the weights do not match a BERT of {describe(config)}."]
   if missing:
-    parts.append(f"Missing {len(missing)}: {_show(missing)}.")
+    parts.append(f"Missing {len(missing)}: {show_paths(missing)}.")
     if any(p[0] == "cls" for p in missing):
       parts.append("bertjax needs both pretraining heads (cls/predictions and "
                    "cls/seq_relationship); a checkpoint of the encoder alone converts as "
                    "FlaxBertModel params (no 'bert' prefix).")
   if unexpected:
-    parts.append(f"Unexpected {len(unexpected)}: {_show(unexpected)}.")
+    parts.append(f"Unexpected {len(unexpected)}: {show_paths(unexpected)}.")
     if any(p[-2:] == ("decoder", "kernel") for p in unexpected):
       parts.append("An untied MLM decoder (tie_word_embeddings=False) has no bertjax "
                    "equivalent: bertjax ties it to the word embeddings.")
@@ -269,7 +269,7 @@ def bertjax_to_hf(params, config: BertConfig, *, encoder_only: bool = False) -> 
   tree). With `encoder_only`, or from a BertModel tree, returns FlaxBertModel's
   params: the encoder and pooler, for fine-tuning.
   """
-  flat = {k: _to_numpy(v, k) for k, v in flatten(_unwrap(params)).items()}
+  flat = {k: to_numpy(v, k) for k, v in flatten(unwrap(params)).items()}
   flat, depth = _unstack_layers(flat)
   if depth is not None and depth != config.num_layers:
     raise ValueError(f"bertjax_to_hf: the params stack {depth} layers but model.num_layers="
@@ -288,6 +288,8 @@ def bertjax_to_hf(params, config: BertConfig, *, encoder_only: bool = False) -> 
       missing.append(bj)
       continue
     x = _merge_heads(flat.pop(bj), reshape)
+    if shape[0] == "V":
+      x = x[:dims["V"]]  # Rows past the real vocab are padding (model.padded_vocab_size).
     want = tuple(dims[d] for d in shape)
     if x.shape != want:
       raise ValueError(f"bertjax_to_hf: {'/'.join(bj)} gives HF shape {x.shape} but the model "

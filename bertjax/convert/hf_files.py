@@ -9,13 +9,14 @@ bertjax's tree are in hf.py.
 
 import json
 import os
-from typing import Mapping
+from typing import Mapping, Optional
 
 import numpy as np
 from absl import logging
 
 from bertjax.convert import hf
 from bertjax.model.config import BertConfig
+from bertjax.records import fileio
 
 # ---------------------------------------------------------------------------
 # PyTorch state-dict names.
@@ -90,14 +91,19 @@ def hf_flat_to_torch(hf_params) -> dict[str, np.ndarray]:
 # ---------------------------------------------------------------------------
 # Model directories.
 
+def _safetensors_format(data: bytes) -> str | None:
+  """The `format` entry of a safetensors file's header metadata ("pt", "flax", ...)."""
+  size = int.from_bytes(data[:8], "little")
+  return (json.loads(data[8:8 + size]).get("__metadata__") or {}).get("format")
+
+
 def _read_safetensors(files: list[str]) -> dict[hf.Path, np.ndarray]:
-  from safetensors import safe_open  # pylint: disable=g-import-not-at-top
+  from safetensors.numpy import load  # pylint: disable=g-import-not-at-top
   state, formats = {}, set()
   for f in files:
-    with safe_open(f, framework="numpy") as reader:
-      formats.add((reader.metadata() or {}).get("format"))
-      for k in reader.keys():
-        state[k] = reader.get_tensor(k)
+    data = fileio.read_bytes(f)
+    formats.add(_safetensors_format(data))
+    state.update(load(data))
   source = files[0] if len(files) == 1 else os.path.dirname(files[0])
   flax_names = any(k.endswith((".kernel", ".embedding", ".scale")) for k in state)
   if formats == {"flax"} or (formats <= {None} and flax_names):
@@ -119,7 +125,9 @@ def _read_torch(files: list[str]) -> dict[hf.Path, np.ndarray]:
         "writes model.safetensors), then load that directory.") from None
   state = {}
   for f in files:
-    for k, v in torch.load(f, map_location="cpu", weights_only=True).items():
+    with fileio.open_binary(f) as fh:
+      loaded = torch.load(fh, map_location="cpu", weights_only=True)
+    for k, v in loaded.items():
       state[k] = v.float().numpy() if v.dtype == torch.bfloat16 else v.numpy()
   return _torch_to_hf_flat(state, files[0])
 
@@ -128,14 +136,12 @@ def _read_flax(files: list[str]) -> dict[hf.Path, np.ndarray]:
   from flax import serialization  # pylint: disable=g-import-not-at-top
   flat = {}
   for f in files:
-    with open(f, "rb") as fh:
-      flat.update(hf.flatten(serialization.msgpack_restore(fh.read())))
+    flat.update(hf.flatten(serialization.msgpack_restore(fileio.read_bytes(f))))
   return flat
 
 
 def _shards(directory: str, index_name: str) -> list[str]:
-  with open(os.path.join(directory, index_name)) as f:
-    weight_map = json.load(f)["weight_map"]
+  weight_map = json.loads(fileio.read_text(os.path.join(directory, index_name)))["weight_map"]
   return [os.path.join(directory, name) for name in sorted(set(weight_map.values()))]
 
 
@@ -147,11 +153,11 @@ def _find_weights(directory: str):
       (hf.TORCH_NAME, hf.TORCH_INDEX_NAME, _read_torch),
   )
   for single, index, reader in candidates:
-    if os.path.exists(os.path.join(directory, single)):
+    if fileio.exists(os.path.join(directory, single)):
       return reader, [os.path.join(directory, single)]
-    if os.path.exists(os.path.join(directory, index)):
+    if fileio.exists(os.path.join(directory, index)):
       return reader, _shards(directory, index)
-  tf_only = os.path.exists(os.path.join(directory, hf.TF_NAME))
+  tf_only = fileio.exists(os.path.join(directory, hf.TF_NAME))
   raise ValueError(
       f"{directory}: no model weights ({', '.join(hf.WEIGHT_FILES)})"
       + ("; TensorFlow weights (tf_model.h5) are not read: convert them to safetensors with "
@@ -160,7 +166,7 @@ def _find_weights(directory: str):
 
 def load_hf_checkpoint(path_or_dir: str, *, encoder_only: bool = False,
                        **overrides) -> tuple[dict, BertConfig]:
-  """Reads a local Hugging Face BERT directory -> (bertjax params, BertConfig).
+  """Reads a Hugging Face BERT directory (local or gs://) -> (bertjax params, BertConfig).
 
   The directory holds config.json and one of model.safetensors (PyTorch or
   Flax names; sharded with an index too), flax_model.msgpack, or
@@ -171,7 +177,7 @@ def load_hf_checkpoint(path_or_dir: str, *, encoder_only: bool = False,
   `encoder_only`, the params are BertModel's tree and any head weights are
   skipped (counted in the log): for BertModel checkpoints and fine-tuning.
   """
-  if os.path.isdir(path_or_dir):
+  if fileio.isdir(path_or_dir):
     directory = path_or_dir
     reader, files = _find_weights(directory)
   else:
@@ -188,13 +194,12 @@ def load_hf_checkpoint(path_or_dir: str, *, encoder_only: bool = False,
                        "or .bin weights file")
     files = [path_or_dir]
   config_path = os.path.join(directory, hf.CONFIG_NAME)
-  if not os.path.exists(config_path):
+  if not fileio.exists(config_path):
     raise ValueError(f"{directory}: no {hf.CONFIG_NAME}; a Hugging Face model directory needs it")
-  with open(config_path) as f:
-    try:
-      hf_config = json.load(f)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{config_path}: not valid JSON ({e})") from None
+  try:
+    hf_config = json.loads(fileio.read_text(config_path))
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{config_path}: not valid JSON ({e})") from None
   try:
     config = hf.hf_config_to_bertjax(hf_config, **overrides)
   except ValueError as e:
@@ -217,36 +222,44 @@ def load_hf_checkpoint(path_or_dir: str, *, encoder_only: bool = False,
 
 
 def save_hf_checkpoint(params, config: BertConfig, out_dir: str, format: str = "safetensors",
-                       *, encoder_only: bool = False) -> str:  # pylint: disable=redefined-builtin
+                       *, encoder_only: bool = False,
+                       config_extra: Optional[Mapping] = None) -> str:  # pylint: disable=redefined-builtin
   """Writes config.json and the weights as transformers saves them; returns the weights file.
 
   format "safetensors": model.safetensors with PyTorch names (what
   BertForPreTraining.from_pretrained reads; FlaxBertForPreTraining reads it too).
   format "flax": flax_model.msgpack for FlaxBertForPreTraining.from_pretrained.
   `encoder_only` writes BertModel's weights (no heads, no 'bert' prefix) for
-  fine-tuning. Weights keep their dtype. Refuses to mix with other weights
-  already in `out_dir`.
+  fine-tuning. Weights keep their dtype; vocab rows past config.vocab_size
+  (padding) are not written. `config_extra` adds or replaces config.json
+  fields (e.g. pad_token_id). Refuses to mix with other weights already in
+  `out_dir`, which may be local or gs://.
   """
+  hf_params = hf.bertjax_to_hf(params, config, encoder_only=encoder_only)
+  architecture = "BertForPreTraining" if "cls" in hf_params else "BertModel"
+  return write_hf_model(hf_params, hf.hf_config_dict(config, architecture), out_dir,
+                        format, config_extra)
+
+
+def write_hf_model(hf_params, config_dict: Mapping, out_dir: str, format: str,  # pylint: disable=redefined-builtin
+                   config_extra: Optional[Mapping] = None) -> str:
+  """config.json and the weights of HF Flax-layout params; returns the weights file."""
   formats = {"safetensors": hf.SAFETENSORS_NAME, "flax": hf.FLAX_NAME}
   if format not in formats:
     raise ValueError(f"save_hf_checkpoint: format={format!r} is not one of {sorted(formats)}")
-  os.makedirs(out_dir, exist_ok=True)
+  fileio.makedirs(out_dir)
   others = [n for n in hf.WEIGHT_FILES if n != formats[format]
-            and os.path.exists(os.path.join(out_dir, n))]
+            and fileio.exists(os.path.join(out_dir, n))]
   if others:
     raise ValueError(f"{out_dir}: already holds {others}; save into an empty directory so "
                      "that loaders do not pick up stale weights")
-  hf_params = hf.bertjax_to_hf(params, config, encoder_only=encoder_only)
-  architecture = "BertForPreTraining" if "cls" in hf_params else "BertModel"
-  with open(os.path.join(out_dir, hf.CONFIG_NAME), "w") as f:
-    json.dump(hf.hf_config_dict(config, architecture), f, indent=2, sort_keys=True)
-    f.write("\n")
+  fileio.write_text(os.path.join(out_dir, hf.CONFIG_NAME), json.dumps(
+      dict(config_dict, **(config_extra or {})), indent=2, sort_keys=True) + "\n")
   weights_path = os.path.join(out_dir, formats[format])
   if format == "flax":
     from flax import serialization  # pylint: disable=g-import-not-at-top
-    with open(weights_path, "wb") as f:
-      f.write(serialization.msgpack_serialize(hf_params))
+    fileio.write_bytes(weights_path, serialization.msgpack_serialize(hf_params))
   else:
-    from safetensors.numpy import save_file  # pylint: disable=g-import-not-at-top
-    save_file(hf_flat_to_torch(hf_params), weights_path, metadata={"format": "pt"})
+    from safetensors.numpy import save  # pylint: disable=g-import-not-at-top
+    fileio.write_bytes(weights_path, save(hf_flat_to_torch(hf_params), metadata={"format": "pt"}))
   return weights_path

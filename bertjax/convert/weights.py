@@ -1,32 +1,179 @@
-"""Loads starting weights for config.init_from: a bertjax checkpoint or a Hugging Face model."""
+"""Starting weights for config.init_from, and the parameters an export writes.
+
+Three sources are read: a bertjax checkpoint (any phase, saved on any mesh
+or topology), a Hugging Face BERT directory (config.json), and the original
+release's TF1 checkpoint (bert_model.ckpt.* with bert_config.json; tf1.py).
+Weights
+land in whatever tree the target asks for: BertForPreTraining's or
+BertModel's, scanned or unrolled layers, on one device or any mesh, with as
+many vocab rows as the target has (model.padded_vocab_size: the rows past
+the real vocab are zeros).
+"""
 
 import os
+from typing import Any
 
 import jax
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
+from bertjax.convert import hf
 from bertjax.model.config import BertConfig
+from bertjax.records import fileio
 from bertjax.train import checkpoint as ckpt_lib
+
+# Fields that must agree between the weights and the model they start.
+ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads",
+                       "intermediate_size", "max_position_embeddings", "type_vocab_size")
+# Leaves with one row per vocab entry (padded to model.padded_vocab_size).
+_VOCAB_ROWS = (("word_embeddings", "embedding"), ("mlm", "output_bias"))
+
+
+def is_bertjax_checkpoint(path: str) -> bool:
+  """A checkpoints directory (step subdirectories with params/) or one step of it."""
+  if not fileio.isdir(path):
+    return False
+  if fileio.isdir(os.path.join(path, "params")):
+    return True
+  return any(name.isdigit() and fileio.isdir(os.path.join(path, name, "params"))
+             for name in fileio.listdir(path))
+
+
+def checkpoint_config(meta: dict[str, Any], path: str) -> BertConfig:
+  """The model config a bertjax checkpoint was saved with (its meta's `model`)."""
+  if "model" not in meta:
+    raise ValueError(f"{path}: the checkpoint's meta has no `model` entry; it was not "
+                     "written by bertjax's training loop")
+  return BertConfig.from_mapping(meta["model"])
+
+
+def read_checkpoint_params(path: str, sharding=None) -> Any:
+  """A bertjax checkpoint's parameters, as saved, placed whole by `sharding`.
+
+  The default is the first local device: a checkpoint written on a pod's
+  mesh reads on one workstation device. Any other sharding (e.g. replicated
+  on a mesh) works the same way; orbax reads each array's saved chunks into
+  it whatever the mesh that wrote them.
+  """
+  sharding = sharding or SingleDeviceSharding(jax.local_devices()[0])
+  shapes = ckpt_lib.saved_params_shapes(path)
+  abstract = jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), shapes)
+  return ckpt_lib.restore_params(path, abstract)
+
+
+def check_architecture(source: BertConfig, target: BertConfig, path: str) -> None:
+  for field in ARCHITECTURE_FIELDS:
+    if getattr(source, field) != getattr(target, field):
+      raise ValueError(f"init_from: {path} has {field}={getattr(source, field)} but "
+                       f"--config.model.{field} is {getattr(target, field)}")
+
+
+def _shapes(tree) -> dict:
+  return {jax.tree_util.keystr(p): tuple(x.shape)
+          for p, x in jax.tree_util.tree_leaves_with_path(tree)}
+
+
+def _is_vocab_rows(path: hf.Path) -> bool:
+  return any(path[-len(tail):] == tail for tail in _VOCAB_ROWS)
+
+
+def pad_vocab_rows(params, abstract_params) -> Any:
+  """Zero rows appended to the vocab-sized leaves up to the target's row count.
+
+  Only word_embeddings and the MLM output_bias may differ from the target, and
+  only by having fewer rows; anything else is an error naming the leaf.
+  """
+  flat = hf.flatten(hf.unwrap(params))
+  targets = hf.flatten(hf.unwrap(abstract_params))
+  out = {}
+  for path, x in flat.items():
+    want = tuple(targets[path].shape) if path in targets else tuple(x.shape)
+    if tuple(x.shape) != want:
+      if not (_is_vocab_rows(path) and x.shape[1:] == want[1:] and x.shape[0] <= want[0]):
+        raise ValueError(f"init_from: {'/'.join(path)} has shape {tuple(x.shape)} but the "
+                         f"model needs {want}")
+      x = np.concatenate([np.asarray(x), np.zeros((want[0] - x.shape[0],) + want[1:],
+                                                  np.asarray(x).dtype)])
+    out[path] = x
+  return hf.unflatten(out)
+
+
+def _target_config(model_config: BertConfig, abstract_params) -> BertConfig:
+  """model_config with scan_layers as the target tree has it."""
+  scanned = any("layers" in p for p in hf.flatten(hf.unwrap(abstract_params)))
+  return model_config.replace(scan_layers=scanned)
+
+
+def fit(params, source_config: BertConfig, abstract_params, model_config: BertConfig):
+  """bertjax params of `source_config` -> the target's tree, rows and placement."""
+  target_is_encoder = "embeddings" in hf.unwrap(abstract_params)
+  as_hf = hf.bertjax_to_hf(params, source_config, encoder_only=target_is_encoder)
+  converted = hf.hf_to_bertjax(as_hf, _target_config(model_config, abstract_params),
+                               source="init_from")["params"]
+  converted = pad_vocab_rows(converted, abstract_params)
+  return place(converted, abstract_params)
+
+
+def place(params, abstract_params) -> Any:
+  """numpy params -> arrays of the target's dtypes on the target's shardings."""
+  flat_target = hf.flatten(hf.unwrap(abstract_params))
+  flat = hf.flatten(params)
+  if set(flat) != set(flat_target):
+    raise ValueError("init_from: the converted weights do not fit the model: missing "
+                     f"{hf.show_paths(set(flat_target) - set(flat))}, unexpected "
+                     f"{hf.show_paths(set(flat) - set(flat_target))}")
+  placed = {p: jax.device_put(np.asarray(x).astype(flat_target[p].dtype),
+                              flat_target[p].sharding) for p, x in flat.items()}
+  tree = hf.unflatten(placed)
+  return {"params": tree} if set(abstract_params) == {"params"} else tree
+
+
+def _replicated_like(abstract_params):
+  """A replicated sharding on the mesh of the target (or its one device)."""
+  sharding = jax.tree.leaves(abstract_params)[0].sharding
+  if isinstance(sharding, NamedSharding):
+    return NamedSharding(sharding.mesh, PartitionSpec())
+  return sharding
+
+
+def load_bertjax_checkpoint(path: str, abstract_params, model_config: BertConfig):
+  """A bertjax checkpoint's parameters in the target's tree and placement.
+
+  When the saved tree is the target's (same layer stacking and vocab rows),
+  orbax reads each shard straight into its place on the target's mesh.
+  Otherwise the parameters are read whole (replicated on the target's mesh)
+  and converted.
+  """
+  meta = ckpt_lib.read_meta(path)
+  source_config = checkpoint_config(meta, path)
+  check_architecture(source_config, model_config, path)
+  if _shapes(ckpt_lib.saved_params_shapes(path)) == _shapes(abstract_params):
+    return ckpt_lib.restore_params(path, abstract_params)
+  params = read_checkpoint_params(path, _replicated_like(abstract_params))
+  # Replicated: every process holds the whole value, also on several hosts.
+  host = jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), params)
+  return fit(host, source_config, abstract_params, model_config)
 
 
 def load_weights(path: str, abstract_params, model_config: BertConfig):
-  """Parameters from `path`, shaped like `abstract_params` (placement included)."""
-  if ckpt_lib.is_bertjax_checkpoint(path):
-    return ckpt_lib.load_params(path, abstract_params)
-  if os.path.exists(os.path.join(path, "config.json")):
-    from bertjax.convert import hf  # pylint: disable=g-import-not-at-top
+  """Parameters from `path`, shaped and placed like `abstract_params`.
+
+  `abstract_params` is BertForPreTraining's or BertModel's tree of
+  jax.ShapeDtypeStructs with shardings, as the training loop builds it.
+  """
+  if is_bertjax_checkpoint(path):
+    return load_bertjax_checkpoint(path, abstract_params, model_config)
+  from bertjax.convert import tf1  # pylint: disable=g-import-not-at-top
+  encoder_only = "embeddings" in hf.unwrap(abstract_params)
+  if tf1.is_tf1_checkpoint(path):
+    params, source_config = tf1.load_tf1_checkpoint(path, encoder_only=encoder_only)
+  elif fileio.exists(os.path.join(path, hf.CONFIG_NAME)):
     from bertjax.convert import hf_files  # pylint: disable=g-import-not-at-top
-    params, hf_model_config = hf_files.load_hf_checkpoint(path)
-    params = params.get("params", params)
-    for field in ("hidden_size", "num_layers", "num_heads", "intermediate_size",
-                  "vocab_size", "max_position_embeddings", "type_vocab_size"):
-      if getattr(hf_model_config, field) != getattr(model_config, field):
-        raise ValueError(
-            f"init_from: {path} has {field}={getattr(hf_model_config, field)} but "
-            f"--config.model.{field} is {getattr(model_config, field)}")
-    if hf_model_config.scan_layers != model_config.scan_layers:
-      params = hf.hf_to_bertjax(hf.bertjax_to_hf(params, hf_model_config), model_config)
-      params = params.get("params", params)
-    return jax.tree.map(lambda x, a: jax.device_put(x.astype(a.dtype), a.sharding),
-                        params, abstract_params)
-  raise ValueError(f"--config.init_from={path}: neither a bertjax checkpoint (a params/ "
-                   "item) nor a Hugging Face model directory (config.json)")
+    params, source_config = hf_files.load_hf_checkpoint(path, encoder_only=encoder_only)
+  else:
+    raise ValueError(f"--config.init_from={path}: neither a bertjax checkpoint (a params/ "
+                     "item), a Hugging Face model directory (config.json) nor an original "
+                     "BERT TF1 checkpoint (bert_model.ckpt.index with bert_config.json)")
+  check_architecture(source_config, model_config, path)
+  return fit(params, source_config, abstract_params, model_config)

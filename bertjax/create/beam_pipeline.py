@@ -1,8 +1,11 @@
 """Pretraining data creation as an Apache Beam pipeline.
 
-The same map step as the local driver (`mapper.ShardMapper`) runs per input
-shard; a GroupByKey on the output shard replaces the local spill files, and
-each output shard is sorted by the same (key, origin) before it is written.
+The same steps as the local driver: input shards are read and their
+documents dealt into partitions (partition.read_shard), a GroupByKey on the
+partition and a sort by document key give each partition's documents in the
+same order, the same map step (`mapper.ShardMapper`) runs per partition, and
+a GroupByKey on the output shard replaces the local spill files; each output
+shard is sorted by the same (key, origin) before it is written.
 So the shards are byte-identical to those of `creation.create_pretraining_data`
 with the same inputs and settings, on any runner (DirectRunner in tests;
 Dataflow, Flink or Spark with `--runner=beam:DataflowRunner` and the usual
@@ -19,72 +22,112 @@ import json
 import os
 from typing import Optional, Sequence
 
+import numpy as np
+
 from bertjax.create import creation
 from bertjax.create import documents
 from bertjax.create import mapper
+from bertjax.create import partition
 from bertjax.create import records
 from bertjax.records import fileio
 from bertjax.records import schema
 
 
-def _build(pipeline, shards, tokenizer_spec, config, output_dir):
-  """Adds the creation transforms to `pipeline`."""
+def _dofns(config, tokenizer_spec, num_parts):
+  """The (ReadShard, MapPartition) DoFn classes of a run."""
   import apache_beam as beam  # pylint: disable=g-import-not-at-top
 
   @beam.typehints.with_output_types(tuple[int, tuple[bytes, bytes]])
-  class MapShard(beam.DoFn):
-    """One input shard -> (output shard, (sort key, record)) + its stats."""
+  class ReadShard(beam.DoFn):
+    """One input shard -> (partition, (document key, text)) + its stats."""
+
+    def process(self, shard):
+      report = collections.Counter()
+      for parts, keys, blob, lengths in partition.read_shard(
+          shard, config.random_seed, num_parts, report):
+        ends = np.cumsum(lengths).tolist()
+        for p, key, a, b in zip(parts.tolist(), keys.tolist(),
+                                [0] + ends[:-1], ends):
+          yield p, (key.ljust(partition.DOC_KEY.size, b"\0"), blob[a:b])
+      yield beam.pvalue.TaggedOutput("stats", {"report": dict(report)})
+
+  @beam.typehints.with_output_types(tuple[int, tuple[bytes, bytes]])
+  class MapPartition(beam.DoFn):
+    """A partition's documents -> (output shard, (sort key, record))."""
 
     def setup(self):
       self.mapper = mapper.ShardMapper(config, tokenizer_spec.load())
 
-    def process(self, shard):
+    def process(self, item):
+      part, entries = item
+      docs = (text.decode("utf-8").split("\n")
+              for _, text in sorted(entries, key=lambda e: e[0]))
       report = collections.Counter()
-      for out, key, data in self.mapper.map_shard(shard, report):
+      for out, key, data in self.mapper.map_records(part, docs, report):
         yield out, (key, data)
       inst, toks, plain = mapper.split_report(
           report, config.num_output_shards)
       yield beam.pvalue.TaggedOutput("stats", {
           "instances": inst, "tokens": toks, "report": plain})
 
-  def write_shard(item):
-    shard_index, entries = item
-    entries = sorted(entries, key=lambda e: e[0])
-    path = os.path.join(
-        output_dir, records.shard_name(shard_index, config.num_output_shards))
-    data, index = records.shard_bytes(e[1] for e in entries)
-    # The index first, then the shard: a shard file, once there, is complete
-    # and has its index (each written whole, through a temporary locally).
-    fileio.write_bytes(path + records.INDEX_SUFFIX, index)
-    fileio.write_bytes(path, data)
-    return shard_index, len(entries)
+  return ReadShard, MapPartition
 
-  def merge_stats(stats_list):
-    S = config.num_output_shards
-    total = {"instances": [0] * S, "tokens": [0] * S, "report": {}}
-    for st in stats_list:
-      for k in ("instances", "tokens"):
+
+def _write_shard(item, output_dir, num_shards):
+  """Writes one output shard's records, sorted by key, and its index."""
+  shard_index, entries = item
+  entries = sorted(entries, key=lambda e: e[0])
+  path = os.path.join(output_dir, records.shard_name(shard_index, num_shards))
+  data, index = records.shard_bytes(e[1] for e in entries)
+  # The index first, then the shard: a shard file, once there, is complete
+  # and has its index (each written whole, through a temporary locally).
+  fileio.write_bytes(path + records.INDEX_SUFFIX, index)
+  fileio.write_bytes(path, data)
+  return shard_index, len(entries)
+
+
+def _merge_stats(stats_list, num_shards):
+  total = {"instances": [0] * num_shards, "tokens": [0] * num_shards,
+           "report": {}}
+  for st in stats_list:
+    for k in ("instances", "tokens"):
+      if k in st:
         total[k] = [a + b for a, b in zip(total[k], st[k])]
-      for k, v in st["report"].items():
-        total["report"][k] = total["report"].get(k, 0) + v
-    return total
+    for k, v in st["report"].items():
+      total["report"][k] = total["report"].get(k, 0) + v
+  return total
 
-  def write_stats(stats, written):
-    path = os.path.join(output_dir, creation.WORK_DIR, "beam_stats.json")
-    fileio.write_text(path, json.dumps({"stats": stats, "written": dict(written)}))
 
-  mapped = (pipeline
-            | "InputShards" >> beam.Create(list(shards))
-            | "Reshuffle" >> beam.Reshuffle()
-            | "MapShards" >> beam.ParDo(MapShard()).with_outputs(
+def _write_stats(stats, written, output_dir):
+  path = os.path.join(output_dir, creation.WORK_DIR, "beam_stats.json")
+  fileio.write_text(path, json.dumps({"stats": stats, "written": dict(written)}))
+
+
+def _build(pipeline, shards, tokenizer_spec, config, output_dir):
+  """Adds the creation transforms to `pipeline`."""
+  import apache_beam as beam  # pylint: disable=g-import-not-at-top
+  S = config.num_output_shards
+  read_shard, map_partition = _dofns(
+      config, tokenizer_spec,
+      partition.num_partitions(shards, config.partition_bytes))
+  read = (pipeline
+          | "InputShards" >> beam.Create(list(shards))
+          | "Reshuffle" >> beam.Reshuffle()
+          | "ReadShards" >> beam.ParDo(read_shard()).with_outputs(
+              "stats", main="documents"))
+  mapped = (read.documents
+            | "GroupByPartition" >> beam.GroupByKey()
+            | "MapPartitions" >> beam.ParDo(map_partition()).with_outputs(
                 "stats", main="records"))
   written = (mapped.records
              | "GroupByShard" >> beam.GroupByKey()
-             | "WriteShards" >> beam.Map(write_shard))
-  stats = mapped.stats | "MergeStats" >> beam.CombineGlobally(merge_stats)
+             | "WriteShards" >> beam.Map(_write_shard, output_dir, S))
+  stats = ((read.stats, mapped.stats) | "AllStats" >> beam.Flatten()
+           | "MergeStats" >> beam.CombineGlobally(_merge_stats, S))
   _ = (stats
-       | "WriteStats" >> beam.Map(write_stats,
-                                  written=beam.pvalue.AsList(written)))
+       | "WriteStats" >> beam.Map(_write_stats,
+                                  written=beam.pvalue.AsList(written),
+                                  output_dir=output_dir))
 
 
 def run_beam(shards: Sequence[documents.InputShard],
@@ -104,7 +147,7 @@ def run_beam(shards: Sequence[documents.InputShard],
   tokenizer = tokenizer_spec.load()
   existing = schema.read_metadata(output_dir)
   if existing is not None:
-    creation._check_same(  # pylint: disable=protected-access
+    creation.check_same(
         existing, creation.build_metadata(config, tokenizer, source, [], [],
                                           {}), output_dir)
     log(f"{output_dir}: complete already; nothing to do.")

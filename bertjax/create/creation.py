@@ -1,25 +1,32 @@
 """Parallel, streaming, resumable creation of pre-masked pretraining records.
 
-The work is a map/reduce with deterministic keys, so the output is a pure
-function of (input files, tokenizer, seed, settings), whatever the number of
-worker processes (or Beam workers, see beam_pipeline.py):
+The work is three steps with deterministic keys (tasks.py), so the output
+is a pure function of (input files, tokenizer, seed, settings), whatever
+the number of worker processes, the cut of large files into byte ranges, or
+the runner (Beam, see beam_pipeline.py):
 
-Map, one task per input shard (documents.py: an input file, a group of small
-  files, or a part of a tfds split): mapper.ShardMapper turns the shard's
-  documents into keyed records (chunks, tokenization, the paper's algorithm
-  per dupe pass, a 64-bit key per instance that picks its output shard and
-  its place there). Records are spilled to disk per task (memory bounded by
-  spill_bytes).
-Reduce, one task per output shard:
-  the shard's records from all map tasks are sorted by (key, origin) and
-  written as `part-XXXXX-of-YYYYY.tfrecord` with its `.index`. Sorting by a
-  random key is a uniform shuffle, like the original's shuffle of all
-  instances, and it assigns instances to shards uniformly at random.
+Read, one task per input shard (documents.py: a file, a byte range of a
+  large file, a group of small files, or a part of a tfds split): every
+  document goes to a partition by a hash of its name (partition.py), so a
+  partition is a random sample of the whole corpus.
+Map, one task per partition: its documents in hash order, in chunks, become
+  keyed records (mapper.ShardMapper: tokenization, the paper's algorithm per
+  dupe pass, a 64-bit key per instance that picks its output shard and its
+  place there).
+Reduce, one task per output shard: the shard's records from all map tasks,
+  merged in (key, origin) order, are streamed to `part-XXXXX-of-YYYYY.tfrecord`
+  with its `.index`. Sorting by a random key is a uniform shuffle, like the
+  original's shuffle of all instances, and it assigns instances to shards
+  uniformly at random.
 
-Resuming: a map task is done when its `_work/map-XXXXX.json` exists; an
-output shard is done when its file exists (written under a temporary name and
+Between steps data are spilled to disk as sorted runs (spills.py), so memory
+is bounded by `spill_bytes` and the chunk size, not by the corpus.
+
+Resuming: a task is done when its `_work/<step>-XXXXX.json` exists; an output
+shard is done when its file exists (written under a temporary name and
 renamed after its index). A rerun skips both; `metadata.json` is written last
-and `_work/` removed. A rerun with other settings is refused.
+and `_work/` removed. A rerun with other settings, tokenizer or inputs is
+refused, naming what differs.
 """
 
 import collections
@@ -29,17 +36,18 @@ import dataclasses
 import json
 import multiprocessing
 import os
-import queue
 import shutil
 import sys
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
 from bertjax.create import documents
 from bertjax.create import mapper
+from bertjax.create import partition
 from bertjax.create import records
+from bertjax.create import tasks
 from bertjax.records import schema
 
 # The names a caller of the driver needs, defined with the map step.
@@ -48,123 +56,10 @@ TokenizerSpec = mapper.TokenizerSpec
 ShardMapper = mapper.ShardMapper
 
 WORK_DIR = "_work"
-
-
-# ---------------------------------------------------------------------------
-# Local driver.
-
-_WORKER = {}
-
-
-def _worker_init(config, tokenizer_spec, progress_queue):
-  if progress_queue is not None:
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-  _WORKER["mapper"] = ShardMapper(config, tokenizer_spec.load())
-  _WORKER["queue"] = progress_queue
-
-
-def _map_task(shard: documents.InputShard, work_dir: str) -> dict[str, Any]:
-  """Runs the map step of one input shard, spilling records to disk.
-
-  A spill ("run") is three files: `.bin` holds the TFRecord frames of every
-  output shard in turn, `.keys` their sort keys and lengths (SORT_DTYPE)
-  in the same order, `.offsets` where each output shard's part begins, in
-  records and in bytes.
-  """
-  shard_mapper: ShardMapper = _WORKER["mapper"]
-  q = _WORKER.get("queue")
-  config = shard_mapper.config
-  S = config.num_output_shards
-  task_dir = os.path.join(work_dir, f"map-{shard.index:05d}")
-  shutil.rmtree(task_dir, ignore_errors=True)
-  os.makedirs(task_dir)
-  report = collections.Counter()
-  frames = [[] for _ in range(S)]
-  keys = [[] for _ in range(S)]
-  buffered = 0
-  runs = 0
-  last_bytes = 0
-
-  def flush():
-    nonlocal buffered, runs
-    path = os.path.join(task_dir, f"run-{runs:05d}")
-    offsets = np.zeros((S + 1, 2), "<i8")
-    with open(path + ".bin", "wb") as f:
-      for s in range(S):
-        f.writelines(frames[s])
-        offsets[s + 1] = offsets[s] + (sum(map(len, keys[s])),
-                                       sum(map(len, frames[s])))
-        frames[s] = []
-    np.concatenate([k for ks in keys for k in ks] or [
-        np.zeros(0, mapper.SORT_DTYPE)]).tofile(path + ".keys")
-    offsets.tofile(path + ".offsets")
-    for s in range(S):
-      keys[s] = []
-    runs += 1
-    buffered = 0
-
-  def progress(bytes_read, n):
-    nonlocal last_bytes
-    if q is not None:
-      q.put((bytes_read - last_bytes, n))
-    elif "callback" in _WORKER:
-      _WORKER["callback"](bytes_read - last_bytes, n)
-    last_bytes = bytes_read
-
-  for batch in shard_mapper.map_shard_batches(shard, report, progress):
-    blob, ends = memoryview(batch.frames.blob), batch.frames.ends
-    rows = np.concatenate([[0], np.cumsum(batch.shard_counts)])
-    starts = np.concatenate([[0], ends])[rows].tolist()
-    for s in np.flatnonzero(batch.shard_counts).tolist():
-      frames[s].append(blob[starts[s]:starts[s + 1]])
-      keys[s].append(batch.keys[rows[s]:rows[s + 1]])
-    buffered += len(batch.frames.blob)
-    if buffered >= config.spill_bytes:
-      flush()
-  if buffered or runs == 0:
-    flush()
-  inst, toks, plain = mapper.split_report(report, S)
-  done = {"index": shard.index, "runs": runs, "instances": inst, "tokens": toks,
-          "report": plain}
-  path = os.path.join(work_dir, f"map-{shard.index:05d}.json")
-  with open(path + ".tmp", "w") as f:
-    json.dump(done, f)
-  os.replace(path + ".tmp", path)
-  return done
-
-
-def _reduce_task(shard_index: int, output_dir: str, work_dir: str,
-                 map_indices: Sequence[int], num_shards: int) -> int:
-  """Sorts one output shard's records from every map task and writes it."""
-  key_parts, parts = [], []
-  for m in map_indices:
-    task_dir = os.path.join(work_dir, f"map-{m:05d}")
-    for name in sorted(os.listdir(task_dir)):
-      if not name.endswith(".bin"):
-        continue
-      path = os.path.join(task_dir, name[:-len(".bin")])
-      offsets = np.fromfile(path + ".offsets", "<i8").reshape(-1, 2)
-      (r0, b0), (r1, b1) = offsets[shard_index], offsets[shard_index + 1]
-      key_parts.append(np.fromfile(
-          path + ".keys", mapper.SORT_DTYPE, count=int(r1 - r0),
-          offset=int(r0) * mapper.SORT_DTYPE.itemsize))
-      with open(path + ".bin", "rb") as f:
-        f.seek(int(b0))
-        parts.append(f.read(int(b1 - b0)))
-  keys = np.concatenate([np.zeros(0, mapper.SORT_DTYPE), *key_parts])
-  lengths = keys["length"].astype(np.int64)
-  # Where each record is: its part and its offset there.
-  part_of = np.repeat(np.arange(len(parts)), [len(k) for k in key_parts])
-  starts = np.concatenate([np.zeros(0, np.int64)] + [
-      np.cumsum(k["length"], dtype=np.int64) - k["length"] for k in key_parts])
-  order = np.lexsort([keys[f] for f in reversed(mapper.SORT_FIELDS)])
-  lengths = lengths[order]
-  views = [memoryview(p) for p in parts]
-  blob = b"".join([views[p][a:a + n] for p, a, n in zip(
-      part_of[order].tolist(), starts[order].tolist(), lengths.tolist())])
-  path = os.path.join(output_dir, records.shard_name(shard_index, num_shards))
-  records.write_framed_shard(path, blob, np.cumsum(lengths) - lengths)
-  return len(keys)
+# Fields of metadata.json a finished directory must share with a rerun.
+_SAME_FIELDS = ("max_seq_length", "max_predictions_per_seq", "vocab_hash",
+                "vocab_size", "special_ids", "tokenizer", "masking",
+                "random_seed", "source")
 
 
 def _fingerprint(config, tokenizer, shards) -> dict[str, Any]:
@@ -196,15 +91,58 @@ def build_metadata(config, tokenizer, source, inst, toks, report
       report={k: int(v) for k, v in sorted(report.items())})
 
 
-def _check_same(existing: schema.DatasetMetadata, new: schema.DatasetMetadata,
-                output_dir: str) -> None:
-  for field in ("max_seq_length", "max_predictions_per_seq", "vocab_hash",
-                "masking", "random_seed", "source"):
-    if getattr(existing, field) != getattr(new, field):
-      raise ValueError(
-          f"{output_dir} already holds a dataset made with a different "
-          f"{field} ({getattr(existing, field)!r}, now "
-          f"{getattr(new, field)!r}); choose a new --output_dir or remove it.")
+def check_same(existing: schema.DatasetMetadata, new: schema.DatasetMetadata,
+               output_dir: str) -> None:
+  """Raises ValueError naming the first field (a tokenizer or masking entry
+  by its key, e.g. tokenizer.do_lower_case) where a finished dataset differs
+  from what a rerun would make."""
+  for field in _SAME_FIELDS:
+    old, now = getattr(existing, field), getattr(new, field)
+    if old == now:
+      continue
+    name = field
+    if isinstance(old, dict) and isinstance(now, dict):
+      key = next(k for k in sorted(set(old) | set(now), key=str)
+                 if old.get(k) != now.get(k))
+      name, old, now = f"{field}.{key}", old.get(key), now.get(key)
+    raise ValueError(
+        f"{output_dir} already holds a dataset made with a different "
+        f"{name} ({old!r}, now {now!r}); choose a new --output_dir or "
+        "remove it.")
+
+
+def _start(output_dir, fingerprint, existing, expected, log):
+  """Checks a directory against this run; True if it is complete already."""
+  if existing is not None:
+    check_same(existing, expected, output_dir)
+    missing = [f["name"] for f in existing.files
+               if not os.path.exists(os.path.join(output_dir, f["name"]))]
+    if missing:
+      raise ValueError(f"{output_dir}: metadata.json lists missing shards "
+                       f"{missing[:3]}; remove the directory and rerun.")
+    log(f"{output_dir}: complete already ({existing.num_instances} "
+        "instances); nothing to do.")
+    return True
+  work_dir = os.path.join(output_dir, WORK_DIR)
+  os.makedirs(work_dir, exist_ok=True)
+  fp_path = os.path.join(work_dir, "fingerprint.json")
+  if os.path.exists(fp_path):
+    with open(fp_path) as f:
+      if json.load(f) != json.loads(json.dumps(fingerprint)):
+        raise ValueError(
+            f"{output_dir} holds unfinished work made with other settings, "
+            "tokenizer or inputs; choose a new --output_dir or remove it.")
+    return False
+  stale = sorted(n for n in os.listdir(output_dir)
+                 if n.startswith("part-") and n.endswith(".tfrecord"))
+  if stale:
+    raise ValueError(
+        f"{output_dir} holds shards ({stale[0]}, ...) but no metadata.json "
+        "or unfinished work of this run; choose a new --output_dir or "
+        "remove them.")
+  with open(fp_path, "w") as f:
+    json.dump(fingerprint, f)
+  return False
 
 
 def create_pretraining_data(
@@ -221,67 +159,36 @@ def create_pretraining_data(
   S = config.num_output_shards
   os.makedirs(output_dir, exist_ok=True)
   existing = schema.read_metadata(output_dir)
+  expected = build_metadata(config, tokenizer, source, [0] * S, [0] * S, {})
+  if _start(output_dir, _fingerprint(config, tokenizer, shards), existing,
+            expected, log):
+    return existing
   work_dir = os.path.join(output_dir, WORK_DIR)
-  fingerprint = _fingerprint(config, tokenizer, shards)
-  if existing is not None:
-    _check_same(existing, build_metadata(config, tokenizer, source, [0] * S,
-                                         [0] * S, {}), output_dir)
-    missing = [f["name"] for f in existing.files
-               if not os.path.exists(os.path.join(output_dir, f["name"]))]
-    if not missing:
-      log(f"{output_dir}: complete already ({existing.num_instances} "
-          "instances); nothing to do.")
-      return existing
-    raise ValueError(f"{output_dir}: metadata.json lists missing shards "
-                     f"{missing[:3]}; remove the directory and rerun.")
-  os.makedirs(work_dir, exist_ok=True)
-  fp_path = os.path.join(work_dir, "fingerprint.json")
-  if os.path.exists(fp_path):
-    with open(fp_path) as f:
-      if json.load(f) != json.loads(json.dumps(fingerprint)):
-        raise ValueError(
-            f"{output_dir} holds unfinished work made with other settings or "
-            "inputs; choose a new --output_dir or remove it.")
-  else:
-    stale = sorted(n for n in os.listdir(output_dir)
-                   if n.startswith("part-") and n.endswith(".tfrecord"))
-    if stale:
-      raise ValueError(
-          f"{output_dir} holds shards ({stale[0]}, ...) but no metadata.json "
-          "or unfinished work of this run; choose a new --output_dir or "
-          "remove them.")
-    with open(fp_path, "w") as f:
-      json.dump(fingerprint, f)
-
-  done = {}
-  for shard in shards:
-    path = os.path.join(work_dir, f"map-{shard.index:05d}.json")
-    if os.path.exists(path):
-      with open(path) as f:
-        done[shard.index] = json.load(f)
-  todo = [s for s in shards if s.index not in done]
-  if done:
-    log(f"Resuming: {len(done)} of {len(shards)} input shards already mapped.")
-  total_bytes = sum(s.size_bytes for s in todo)
+  R = partition.num_partitions(shards, config.partition_bytes)
+  reads = [s.index for s in shards]
   todo_shards = [s for s in range(S) if not os.path.exists(
       os.path.join(output_dir, records.shard_name(s, S)))]
-  with _worker_pool(num_workers, max(len(todo), len(todo_shards)), config,
-                    tokenizer_spec) as (pool, q):
-    start = time.time()
-    for result in _run_map(todo, pool, q, tokenizer_spec, config, work_dir,
-                           total_bytes, show_progress):
-      done[result["index"]] = result
+  start = time.time()
+  with _worker_pool(num_workers, max(len(shards), R, len(todo_shards)),
+                    config, tokenizer_spec, show_progress) as run:
+    read = run("reading input", reads, lambda i: (
+        tasks.read_task, shards[i], work_dir, R),
+               lambda i: tasks.read_done(work_dir, "read", i))
+    mapped = run("creating instances", range(R), lambda r: (
+        tasks.map_task, r, work_dir, reads),
+                 lambda r: tasks.read_done(work_dir, "map", r))
     map_seconds = time.time() - start
-    inst = np.sum([d["instances"] for d in done.values()], axis=0,
-                  dtype=np.int64)
-    toks = np.sum([d["tokens"] for d in done.values()], axis=0,
-                  dtype=np.int64)
-    report = collections.Counter()
-    for d in done.values():
-      report.update(d["report"])
     start = time.time()
-    counts = _run_reduce(todo_shards, pool, output_dir, work_dir, sorted(done),
-                         S, show_progress)
+    counts = run("writing shards", todo_shards, lambda s: (
+        tasks.reduce_task, s, output_dir, work_dir, list(range(R)), S,
+        config.spill_bytes))
+  inst = np.sum([d["instances"] for d in mapped.values()], axis=0,
+                dtype=np.int64)
+  toks = np.sum([d["tokens"] for d in mapped.values()], axis=0,
+                dtype=np.int64)
+  report = collections.Counter()
+  for d in [*read.values(), *mapped.values()]:
+    report.update(d["report"])
   for s, n in counts.items():
     if n != inst[s]:
       raise RuntimeError(f"shard {s}: wrote {n} records, mapped {inst[s]}.")
@@ -294,22 +201,61 @@ def create_pretraining_data(
 
 
 @contextlib.contextmanager
-def _worker_pool(num_workers, num_tasks, config, tokenizer_spec):
-  """Yields (pool, progress queue), or (None, None) to work in this process.
+def _worker_pool(num_workers, num_tasks, config, tokenizer_spec,
+                 show_progress):
+  """Yields `run(desc, indices, task, done=None)`, which runs the tasks of a
+  step in a pool of spawned processes (or here, for one worker) and returns
+  their results by index.
 
-  One pool of spawned processes serves both the map and the reduce tasks. A
-  worker that dies (killed, out of memory) breaks the pool, and the run
-  stops with an error instead of waiting for it.
+  `task(i)` gives (function, *args) of task i; `done(i)`, the result of a
+  task finished by an earlier run, or None. A worker that dies (killed, out
+  of memory) breaks the pool, and the run stops with an error instead of
+  waiting for it.
   """
   if num_workers == 1 or num_tasks <= 1:
-    yield None, None
-    return
-  ctx = multiprocessing.get_context("spawn")
-  q = ctx.Queue()
-  with concurrent.futures.ProcessPoolExecutor(
-      min(num_workers, num_tasks), mp_context=ctx, initializer=_worker_init,
-      initargs=(config, tokenizer_spec, q)) as pool:
-    yield pool, q
+    tasks.worker_init(config, tokenizer_spec)
+    pool = None
+  else:
+    ctx = multiprocessing.get_context("spawn")
+    pool = concurrent.futures.ProcessPoolExecutor(
+        min(num_workers, num_tasks), mp_context=ctx,
+        initializer=tasks.worker_init, initargs=(config, tokenizer_spec))
+
+  def run(desc: str, indices, task: Callable[[int], tuple],
+          done: Callable[[int], Any] = lambda i: None) -> dict[int, Any]:
+    return _run_step(pool, desc, list(indices), task, done, show_progress)
+
+  try:
+    yield run
+  finally:
+    if pool is not None:
+      pool.shutdown(cancel_futures=True)
+
+
+def _run_step(pool, desc, indices, task, done, show_progress
+              ) -> dict[int, Any]:
+  out = {i: done(i) for i in indices}
+  todo = [i for i in indices if out[i] is None]
+  bar = None
+  if show_progress and todo:
+    import tqdm  # pylint: disable=g-import-not-at-top
+    bar = tqdm.tqdm(total=len(todo), desc=desc, unit="task", file=sys.stderr)
+  try:
+    if pool is None:
+      for i in todo:
+        fn, *args = task(i)
+        out[i] = fn(*args)
+        _advance(bar)
+      return out
+    futures = {pool.submit(*task(i)): i for i in todo}
+    for future in concurrent.futures.as_completed(futures):
+      i = futures[future]
+      out[i] = _result(future, f"{desc} (task {i})")
+      _advance(bar)
+    return out
+  finally:
+    if bar is not None:
+      bar.close()
 
 
 def _result(future, what):
@@ -321,88 +267,9 @@ def _result(future, what):
         "of memory? fewer --num_workers use less); rerun to resume.") from e
 
 
-def _run_map(shards, pool, q, tokenizer_spec, config, work_dir, total_bytes,
-             show_progress):
-  """Runs map tasks in this process or in the pool; yields their results."""
-  bar = _progress_bar(total_bytes, show_progress)
-  counts = {"instances": 0, "start": time.time()}
-
-  def advance(nbytes, n):
-    counts["instances"] += n
-    if bar is not None:
-      bar.update(nbytes)
-      elapsed = max(time.time() - counts["start"], 1e-9)
-      bar.set_postfix(instances=counts["instances"],
-                      inst_per_s=f"{counts['instances'] / elapsed:,.0f}",
-                      refresh=False)
-
-  try:
-    if pool is None:
-      _worker_init(config, tokenizer_spec, None)
-      _WORKER["callback"] = advance
-      try:
-        for shard in shards:
-          yield _map_task(shard, work_dir)
-      finally:
-        _WORKER.clear()
-      return
-    pending = {pool.submit(_map_task, s, work_dir): s for s in shards}
-    while pending:
-      try:
-        advance(*q.get(timeout=0.2))
-      except queue.Empty:
-        pass
-      for future in [f for f in pending if f.done()]:
-        shard = pending.pop(future)
-        name = (shard.paths or (shard.tfds_name,))[0]
-        yield _result(future, f"mapping input shard {shard.index} ({name})")
-    while True:
-      try:
-        advance(*q.get_nowait())
-      except queue.Empty:
-        break
-  finally:
-    if bar is not None:
-      bar.close()
-
-
-def _run_reduce(shards, pool, output_dir, work_dir, map_indices,
-                num_shards, show_progress) -> dict[int, int]:
-  """Writes the output shards in this process or in the pool."""
-  if not shards:
-    return {}
-  args = [(s, output_dir, work_dir, map_indices, num_shards) for s in shards]
-  bar = None
-  if show_progress:
-    import tqdm  # pylint: disable=g-import-not-at-top
-    bar = tqdm.tqdm(total=len(shards), desc="writing shards", unit="shard",
-                    file=sys.stderr)
-  out = {}
-  try:
-    if pool is None:
-      for a in args:
-        out[a[0]] = _reduce_task(*a)
-        if bar is not None:
-          bar.update(1)
-      return out
-    futures = {pool.submit(_reduce_task, *a): a[0] for a in args}
-    for future in concurrent.futures.as_completed(futures):
-      s = futures[future]
-      out[s] = _result(future, f"writing output shard {s}")
-      if bar is not None:
-        bar.update(1)
-    return out
-  finally:
-    if bar is not None:
-      bar.close()
-
-
-def _progress_bar(total_bytes, show_progress):
-  if not show_progress:
-    return None
-  import tqdm  # pylint: disable=g-import-not-at-top
-  return tqdm.tqdm(total=total_bytes or None, desc="creating instances",
-                   unit="B", unit_scale=True, file=sys.stderr)
+def _advance(bar):
+  if bar is not None:
+    bar.update(1)
 
 
 def format_report(metadata: schema.DatasetMetadata, output_dir: str,
@@ -416,7 +283,7 @@ def format_report(metadata: schema.DatasetMetadata, output_dir: str,
       f"vocab_size={metadata.vocab_size} seed={metadata.random_seed}",
   ]
   if map_seconds:
-    lines.append(f"  instances: {map_seconds:.1f}s "
+    lines.append(f"  reading and instances: {map_seconds:.1f}s "
                  f"({metadata.num_instances / max(map_seconds, 1e-9):,.0f}/s), "
                  f"writing: {reduce_seconds:.1f}s")
   lines.append("  report:")

@@ -234,13 +234,7 @@ def ensure_demo_data(data_dir: str, *, vocab_size: int = 6000,
   }
   if not (os.path.exists(paths["train_text"])
           and os.path.exists(paths["eval_text"])):
-    docs = demo_documents()
-    random.Random(seed).shuffle(docs)
-    num_eval = max(2, int(round(len(docs) * eval_fraction)))
-    _write_atomic(paths["eval_text"], _format(docs[:num_eval]))
-    _write_atomic(paths["train_text"], _format(docs[num_eval:]))
-    log(f"demo corpus: {len(docs) - num_eval} training and {num_eval} "
-        f"evaluation documents in {os.path.dirname(paths['train_text'])}")
+    _write_demo_text(paths, eval_fraction, seed, log)
   if not os.path.exists(paths["vocab"]):
     from bertjax.text import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
     tmp = paths["vocab"] + ".tmp"
@@ -267,6 +261,17 @@ def ensure_demo_data(data_dir: str, *, vocab_size: int = 6000,
         md = schema.read_metadata(out)
         log(f"demo {split}_{length}: {md.num_instances} instances in {out}")
   return paths
+
+
+def _write_demo_text(paths, eval_fraction, seed, log) -> None:
+  """Writes the demo documents, split at random into train and eval text."""
+  docs = demo_documents()
+  random.Random(seed).shuffle(docs)
+  num_eval = max(2, int(round(len(docs) * eval_fraction)))
+  _write_atomic(paths["eval_text"], _format(docs[:num_eval]))
+  _write_atomic(paths["train_text"], _format(docs[num_eval:]))
+  log(f"demo corpus: {len(docs) - num_eval} training and {num_eval} "
+      f"evaluation documents in {os.path.dirname(paths['train_text'])}")
 
 
 def prepare_config(config, workdir: str) -> Optional[dict]:

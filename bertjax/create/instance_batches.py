@@ -3,7 +3,7 @@
 instances.instance_spans gives each instance as token ranges of its
 documents; `assemble_pairs` builds the [CLS] A [SEP] B [SEP] rows of a batch
 of them and `mask_arrays` masks the rows (the 80/10/10 replacement of the
-original, drawn per batch). record_batches.FrameEncoder serialises
+original, drawn per batch); records.ExampleEncoder serialises the rows of
 the resulting `MaskedBatch`. Whole-word masking takes the scalar path
 (instances.create_instances_from_document) instead.
 """
@@ -13,6 +13,7 @@ import dataclasses
 import numpy as np
 
 from bertjax.create import instances
+from bertjax.records import masking
 from bertjax.text import ragged
 
 
@@ -69,12 +70,16 @@ class MaskedBatch:
     return MaskedBatch(*(getattr(self, f.name)[rows]
                          for f in dataclasses.fields(self)))
 
-  def instance(self, i: int) -> instances.Instance:
-    n, k = int(self.lengths_B[i]), int(self.num_predictions_B[i])
-    return instances.Instance(self.input_ids_BxL[i, :n].tolist(), int(self.num_a_B[i]),
-                    self.masked_lm_positions_BxP[i, :k].tolist(),
-                    self.masked_lm_ids_BxP[i, :k].tolist(),
-                    bool(self.is_random_next_B[i]))
+  def rows(self) -> list[tuple[list[int], int, list[int], list[int], bool]]:
+    """Per row (input ids, num_a, positions, labels, is_random_next), unpadded,
+    as records.ExampleEncoder.encode takes them."""
+    ids, pos, labels = (self.input_ids_BxL.tolist(),
+                        self.masked_lm_positions_BxP.tolist(),
+                        self.masked_lm_ids_BxP.tolist())
+    return [(ids[i][:n], a, pos[i][:k], labels[i][:k], r) for i, (n, a, k, r)
+            in enumerate(zip(self.lengths_B.tolist(), self.num_a_B.tolist(),
+                             self.num_predictions_B.tolist(),
+                             self.is_random_next_B.tolist()))]
 
 
 def mask_arrays(ids: np.ndarray, lengths: np.ndarray, num_a: np.ndarray,
@@ -83,20 +88,16 @@ def mask_arrays(ids: np.ndarray, lengths: np.ndarray, num_a: np.ndarray,
                 gen: np.random.Generator) -> MaskedBatch:
   """`mask_tokens` for a batch of zero-padded [CLS] A [SEP] B [SEP] rows.
 
-  The same masking as the original, drawn differently: each row's
-  num_predictions = min(P, max(1, round(length * masked_lm_prob))) positions
-  are a uniformly random subset of its candidates (every position but [CLS]
-  and the two [SEP]s), drawn with Floyd's algorithm for all rows at once, and
-  one uniform per chosen position picks [MASK] (< 0.8), the original token
-  (< 0.9) or a random non-special id. Not for whole-word masking (use
-  `mask_tokens`).
+  The same masking as the original (records/masking.py), drawn differently:
+  each row's masking.num_predictions positions are a uniformly random subset
+  of its candidates (every position but [CLS] and the two [SEP]s), drawn
+  with Floyd's algorithm for all rows at once, and two uniforms per chosen
+  position make the 80/10/10 draw (masking.replacements). Not for
+  whole-word masking (use `mask_tokens`).
   """
   (B, L), P = ids.shape, max_predictions_per_seq
   num_cand = lengths - 3
-  # np.round, like Python's round, rounds halves to even.
-  k = np.minimum(P, np.maximum(1, np.round(lengths * masked_lm_prob))).astype(
-      np.int64)
-  k = np.minimum(k, np.maximum(num_cand, 0))
+  k = masking.num_predictions(lengths, masked_lm_prob, P, num_cand)
   # Floyd: for j = c - k, ..., c - 1 take t uniform in [0, j], or j itself if
   # t is taken already; the result is a uniform k-subset of [0, c).
   u = gen.random((B, P))
@@ -117,12 +118,10 @@ def mask_arrays(ids: np.ndarray, lengths: np.ndarray, num_a: np.ndarray,
   used = positions < L
   positions[~used] = 0
   labels = np.where(used, np.take_along_axis(ids, positions, axis=1), 0)
-  # One uniform per prediction: [MASK] below 0.8, unchanged below 0.9, else
-  # a random non-special id.
-  u = gen.random((B, P))
+  kind = masking.replacements(gen.random((B, P)), gen.random((B, P)))
   rows = np.broadcast_to(rows[:, None], (B, P))
-  to_mask = used & (u < 0.8)
-  to_random = used & (u >= 0.9)
+  to_mask = used & (kind == masking.MASK)
+  to_random = used & (kind == masking.RANDOM)
   masked = ids.copy()
   masked[rows[to_mask], positions[to_mask]] = vocab.mask_id
   replacement = vocab.replacement_array

@@ -38,6 +38,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from bertjax.records import masking
+
 
 @dataclasses.dataclass(frozen=True)
 class VocabInfo:
@@ -153,26 +155,8 @@ class FastRng(random.Random):
     return self.getrandbits(k).bit_count() if k > 0 else 0
 
 
-def num_predictions(num_tokens: int, masked_lm_prob: float,
-                    max_predictions_per_seq: int) -> int:
-  """The original's count: min(max_pred, max(1, round(len * prob)))."""
-  return min(max_predictions_per_seq,
-             max(1, int(round(num_tokens * masked_lm_prob))))
-
-
-def truncate_seq_pair(tokens_a: list[int], tokens_b: list[int],
-                      max_num_tokens: int, rng) -> None:
-  """Drops tokens from the front or back (at random) of the longer list."""
-  while len(tokens_a) + len(tokens_b) > max_num_tokens:
-    trunc = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
-    if rng.random() < 0.5:
-      del trunc[0]
-    else:
-      trunc.pop()
-
-
 def _truncate_bounds(len_a: int, len_b: int, max_num_tokens: int, rng):
-  """`truncate_seq_pair` on lengths: returns (a_lo, a_hi, b_lo, b_hi).
+  """The original's `truncate_seq_pair` on lengths: (a_lo, a_hi, b_lo, b_hi).
 
   Which list loses each token depends only on the lengths (the longer one,
   B on ties); only front/back is random. A generator with `count_heads(k)`
@@ -223,7 +207,8 @@ def mask_tokens(tokens: list[int], num_a: int, masked_lm_prob: float,
   (masked tokens, positions ascending, original ids at those positions).
   """
   n = len(tokens)
-  num_to_predict = num_predictions(n, masked_lm_prob, max_predictions_per_seq)
+  num_to_predict = masking.num_predictions(n, masked_lm_prob,
+                                           max_predictions_per_seq)
   rnd = rng.random
   output = list(tokens)
   replacement = vocab.replacement_ids
@@ -232,28 +217,37 @@ def mask_tokens(tokens: list[int], num_a: int, masked_lm_prob: float,
 
   def replace(index):
     """80% [MASK], 10% unchanged, 10% a random token; the original's draws."""
-    if rnd() < 0.8:
+    kind = masking.draw_replacement(rnd)
+    if kind == masking.MASK:
       output[index] = mask_id
-    elif rnd() >= 0.5:
+    elif kind == masking.RANDOM:
       output[index] = replacement[rng.randint(0, last_replacement)]
 
-  if not whole_word_mask:
+  if whole_word_mask:
+    chosen = _whole_word_choice(tokens, num_a, num_to_predict, vocab, rng)
+  else:
     # Every candidate is its own group, so the original's "covered" check
     # never fires: the chosen positions are a prefix of the shuffled list.
-    cand = list(range(1, num_a + 1))
-    cand.extend(range(num_a + 2, n - 1))
-    rng.shuffle(cand)
-    chosen = cand[:num_to_predict]
-    for index in chosen:
-      replace(index)
-    chosen.sort()
-    return output, chosen, [tokens[i] for i in chosen]
+    chosen = list(range(1, num_a + 1))
+    chosen.extend(range(num_a + 2, n - 1))
+    rng.shuffle(chosen)
+    del chosen[num_to_predict:]
+  # The original draws the replacements after choosing (no draw decides the
+  # choice), in the same order.
+  for index in chosen:
+    replace(index)
+  chosen.sort()
+  return output, chosen, [tokens[i] for i in chosen]
 
+
+def _whole_word_choice(tokens, num_a, num_to_predict, vocab, rng) -> list[int]:
+  """The original's whole-word choice: shuffled groups of a word's pieces,
+  each taken whole while the predictions allow; positions in draw order."""
   starts = vocab.is_word_start
   if starts is None:
     raise ValueError("whole-word masking needs VocabInfo.is_word_start.")
   cand_groups = []
-  for i in range(1, n - 1):
+  for i in range(1, len(tokens) - 1):
     if i == num_a + 1:
       continue
     if cand_groups and not starts[tokens[i]]:
@@ -262,20 +256,13 @@ def mask_tokens(tokens: list[int], num_a: int, masked_lm_prob: float,
       cand_groups.append([i])
   rng.shuffle(cand_groups)
   chosen = []
-  covered = set()
   for group in cand_groups:
     if len(chosen) >= num_to_predict:
       break
     if len(chosen) + len(group) > num_to_predict:
       continue
-    if any(i in covered for i in group):
-      continue
-    for index in group:
-      covered.add(index)
-      replace(index)
-      chosen.append(index)
-  chosen.sort()
-  return output, chosen, [tokens[i] for i in chosen]
+    chosen.extend(group)
+  return chosen
 
 
 def instance_spans(doc_offsets: Sequence[Sequence[int]], document_index: int,
@@ -291,7 +278,6 @@ def instance_spans(doc_offsets: Sequence[Sequence[int]], document_index: int,
   """
   off = doc_offsets[document_index]
   num_sentences = len(off) - 1
-  num_documents = len(doc_offsets)
   max_num_tokens = max_seq_length - 3
   rnd = rng.random
   randint = rng.randint
@@ -314,21 +300,8 @@ def instance_spans(doc_offsets: Sequence[Sequence[int]], document_index: int,
 
     if chunk_len == 1 or rnd() < 0.5:
       is_random_next = True
-      target_b_length = target_seq_length - (a_hi - a_lo)
-      for _ in range(10):
-        b_doc = randint(0, num_documents - 1)
-        if b_doc != document_index:
-          break
-      if b_doc == document_index and num_documents > 1:
-        b_doc = (document_index + 1) % num_documents
-      b_off = doc_offsets[b_doc]
-      last = len(b_off) - 2
-      j = randint(0, last)
-      b_lo = b_off[j]
-      # Whole sentences from j on until B reaches its target length.
-      j = min(bisect.bisect_left(b_off, b_lo + target_b_length, j + 1) - 1,
-              last)
-      b_hi = b_off[j + 1]
+      b_doc, b_lo, b_hi = _random_next_segment(
+          doc_offsets, document_index, target_seq_length - (a_hi - a_lo), rng)
       # The segments after A were not used: put them back.
       i -= chunk_len - a_end
     else:
@@ -340,6 +313,24 @@ def instance_spans(doc_offsets: Sequence[Sequence[int]], document_index: int,
     yield (document_index, a_lo + ta_lo, a_lo + ta_hi, b_doc, b_lo + tb_lo,
            b_lo + tb_hi, is_random_next)
     chunk_start = i + 1
+
+
+def _random_next_segment(doc_offsets, document_index, target_b_length, rng):
+  """(document, lo, hi) of a random-next segment B: whole sentences of
+  another document from a random one on, until the target length."""
+  num_documents = len(doc_offsets)
+  for _ in range(10):
+    b_doc = rng.randint(0, num_documents - 1)
+    if b_doc != document_index:
+      break
+  if b_doc == document_index and num_documents > 1:
+    b_doc = (document_index + 1) % num_documents
+  b_off = doc_offsets[b_doc]
+  last = len(b_off) - 2
+  j = rng.randint(0, last)
+  b_lo = b_off[j]
+  j = min(bisect.bisect_left(b_off, b_lo + target_b_length, j + 1) - 1, last)
+  return b_doc, b_lo, b_off[j + 1]
 
 
 def sentence_offsets(document: Sequence[Sequence[int]]) -> list[int]:

@@ -1,46 +1,44 @@
-"""The map step of record creation: one input shard -> keyed, serialised records.
+"""The map step of record creation: a partition's documents -> keyed records.
 
 Shared by the local driver (creation.py) and the Beam pipeline
 (beam_pipeline.py), so both produce the same records with the same keys.
-An input shard's documents are read in order and processed in chunks of
-`docs_per_chunk` documents (a tail of fewer than half a chunk joins the chunk
-before it). Each chunk is tokenized with one `encode_flat` call, then for
-each dupe pass d the paper's algorithm (instances.py) runs over the chunk's
-documents with a generator seeded by (seed, input shard, chunk, d). The
-"random next" segment B is drawn from another document of the same chunk:
-the original keeps the whole corpus in memory for this choice; a chunk of a
-few thousand documents gives the same statistics with memory bounded by the
-chunk size. Every instance gets a 64-bit key from a generator seeded by the
-same tuple; the key picks the output shard (key % num_output_shards) and its
-place in it. Instances come out in batches (`RecordBatch`): their TFRecord
-frames grouped by output shard, with sort keys as numpy records, so the
-local driver spills and sorts them without a Python step per instance.
+A partition's documents (partition.py: a random sample of the corpus, in
+hash order) are processed in chunks of `docs_per_chunk` documents (a tail
+of fewer than half a chunk joins the chunk before it). Each chunk is
+tokenized with one `encode_flat` call, then for each dupe pass d the paper's
+algorithm (instances.py) runs over the chunk's documents with a generator
+seeded by (seed, partition, chunk, d). The "random next" segment B is drawn
+from another document of the same chunk: the original keeps the whole
+corpus in memory for this choice; a chunk of a few thousand documents drawn
+at random from the whole corpus gives the same statistics with memory
+bounded by the chunk size. Every instance gets a 64-bit key from a generator
+seeded by the same tuple; the key picks the output shard
+(key % num_output_shards) and its place in it. Instances come out in
+batches (`RecordBatch`): their TFRecord frames grouped by output shard, with
+their sort keys, so the local driver spills and sorts them without a Python
+step per instance.
 """
 
 import collections
 import dataclasses
 import functools
 import struct
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
 from bertjax.create import documents
 from bertjax.create import instance_batches
 from bertjax.create import instances as instances_lib
-from bertjax.create import record_batches
 from bertjax.create import records
 
-# Sort key of a record: random key, then its origin (input shard, chunk,
-# dupe pass, index in the pass), so ties are broken deterministically; kept
-# with the length of the record's frame.
-SORT_DTYPE = np.dtype([("key", "<u8"), ("input_shard", "<u4"),
-                       ("chunk", "<u4"), ("dupe", "<u4"), ("index", "<u4"),
-                       ("length", "<u4")])
-SORT_FIELDS = SORT_DTYPE.names[:-1]
-# The key as big-endian bytes, which sort in the same order, for Beam (its
-# integer coder takes signed 64-bit values only).
+# Sort key of a record: random key, then its origin (partition, chunk, dupe
+# pass, index in the pass), so ties are broken deterministically; as
+# big-endian bytes, which sort in the same order (spills.py; Beam's integer
+# coder takes signed 64-bit values only).
 SORT_KEY = struct.Struct(">QIIII")
+_SORT_FIELDS = np.dtype([("key", ">u8"), ("partition", ">u4"),
+                         ("chunk", ">u4"), ("dupe", ">u4"), ("index", ">u4")])
 _KEY_DOMAIN = 0x6B6579  # Separates the key stream from the instance stream.
 _MASK_BATCH = 4096  # Instances masked and serialised together.
 
@@ -58,6 +56,7 @@ class CreationConfig:
   num_output_shards: int = 16  # --num_output_shards
   docs_per_chunk: int = 2048  # --docs_per_chunk: the scope of random-next B.
   chunk_chars: int = 32 << 20  # A chunk also ends at about this much text.
+  partition_bytes: int = 4 << 20  # --partition_mb (in MiB): input per partition.
   spill_bytes: int = 64 << 20  # Map-side buffer before spilling to disk.
 
   def validate(self) -> None:
@@ -82,6 +81,8 @@ class CreationConfig:
       bad("num_output_shards", "must be at least 1.")
     if self.docs_per_chunk < 2:
       bad("docs_per_chunk", "must be at least 2 (B comes from another document).")
+    if self.partition_bytes < 1:
+      bad("partition_bytes", "must be positive.")
 
   def masking(self) -> dict[str, Any]:
     """The `masking` entry of the metadata."""
@@ -93,7 +94,9 @@ class CreationConfig:
         "short_seq_prob": self.short_seq_prob,
         "docs_per_chunk": self.docs_per_chunk,
         "chunk_chars": self.chunk_chars,
-        "random_next_scope": "chunk",
+        "partition_bytes": self.partition_bytes,
+        "random_next_scope": "chunk of documents drawn at random from the "
+                             "whole input",
         "replacement_tokens": "non-special",
     }
 
@@ -156,19 +159,17 @@ class TokenizedChunk:
 @dataclasses.dataclass
 class RecordBatch:
   """Framed records of a batch of instances, grouped by output shard."""
-  shard_counts: np.ndarray  # Records per output shard; rows go shard by shard.
-  keys: np.ndarray  # SORT_DTYPE per row.
-  frames: record_batches.FramedBatch  # The rows' TFRecord frames.
+  shards: np.ndarray  # Output shard per row, ascending.
+  keys: np.ndarray  # SORT_KEY bytes per row (numpy "S24").
+  frames: bytes  # The rows' TFRecord frames, back to back.
+  lengths: np.ndarray  # Bytes of each frame.
 
   def __len__(self) -> int:
     return len(self.keys)
 
-  def output_shards(self) -> np.ndarray:
-    return np.repeat(np.arange(len(self.shard_counts)), self.shard_counts)
-
 
 class ShardMapper:
-  """The map step: one input shard -> keyed serialised Examples + stats.
+  """The map step: a partition's documents -> keyed serialised Examples.
 
   Shared by the local driver and the Beam pipeline, so both produce the same
   records with the same keys.
@@ -181,45 +182,40 @@ class ShardMapper:
     self.encoder = records.ExampleEncoder(
         config.max_seq_length, config.max_predictions_per_seq,
         tokenizer.vocab_size)
-    self._frames = record_batches.FrameEncoder(self.encoder)
     ids = tokenizer.special_ids
     self._special_array = np.asarray(
         sorted({ids["cls"], ids["sep"], ids["mask"], ids["pad"]}), np.int32)
     self._unk = ids["unk"]
 
-  def map_shard_batches(self, shard: documents.InputShard,
-                        report: collections.Counter,
-                        progress=None) -> Iterator["RecordBatch"]:
+  def map_partition(self, partition: int, docs: Iterable[list[str]],
+                    report: collections.Counter) -> Iterator[RecordBatch]:
     """Yields the framed, keyed records of every instance, a batch at a time.
 
-    `report` receives counts of what was read, skipped or repaired, and
-    "instances"/"tokens" per output shard under ("instances", s) keys.
-    `progress(bytes_read, num_instances)` is called after each chunk.
+    `docs` are the partition's documents in order; `report` receives counts
+    of what was read, skipped or repaired, and "instances"/"tokens" per
+    output shard under ("instances", s) keys.
     """
-    chunk_index = 0
-    for docs, bytes_read in documents.iter_chunks(
-        shard, self.config.docs_per_chunk, self.config.chunk_chars, report):
-      tokenized = self._tokenize(docs, report)
-      n = 0
+    c = self.config
+    for chunk_index, chunk in enumerate(documents.iter_chunks(
+        docs, c.docs_per_chunk, c.chunk_chars)):
+      tokenized = self._tokenize(chunk, report)
       if len(tokenized) == 1:
         report["chunks_with_one_document"] += 1
       if tokenized:
-        for batch in self._chunk_instances(shard.index, chunk_index, tokenized,
-                                           report):
-          n += len(batch)
-          yield batch
-      chunk_index += 1
-      if progress is not None:
-        progress(bytes_read, n)
+        yield from self._chunk_instances(partition, chunk_index, tokenized,
+                                         report)
 
-  def map_shard(self, shard: documents.InputShard, report: collections.Counter,
-                progress=None) -> Iterator[tuple[int, bytes, bytes]]:
+  def map_records(self, partition: int, docs: Iterable[list[str]],
+                  report: collections.Counter
+                  ) -> Iterator[tuple[int, bytes, bytes]]:
     """Yields (output shard, SORT_KEY bytes, Example bytes) per instance."""
-    for batch in self.map_shard_batches(shard, report, progress):
-      keys = batch.keys[list(SORT_FIELDS)].tolist()
-      for out, key, data in zip(batch.output_shards().tolist(), keys,
-                                batch.frames.records()):
-        yield out, SORT_KEY.pack(*key), data
+    for batch in self.map_partition(partition, docs, report):
+      keys, w = batch.keys.tobytes(), SORT_KEY.size
+      ends = np.cumsum(batch.lengths).tolist()
+      for i, (out, end) in enumerate(zip(batch.shards.tolist(), ends)):
+        start = end - int(batch.lengths[i])
+        yield out, keys[i * w:(i + 1) * w], batch.frames[
+            start + records.FRAME_HEADER:end - records.FRAME_FOOTER]
 
   def _tokenize(self, docs: list[list[str]], report) -> "TokenizedChunk":
     """Tokenizes a chunk's documents; drops empty sentences and documents."""
@@ -243,72 +239,76 @@ class ShardMapper:
     report["sentences"] += int(kept_per_doc.sum())
     return TokenizedChunk(ids, lengths[~empty], kept_per_doc)
 
-  def _chunk_instances(self, shard_index, chunk_index, docs, report):
+  def _chunk_instances(self, partition, chunk_index, chunk, report):
     """Yields the keyed records of every dupe pass over one chunk."""
     c = self.config
-    num_shards = c.num_output_shards
-    offsets = docs.offsets()
-    doc_starts, tokens = docs.doc_starts, docs.tokens
-    if c.whole_word_mask:
-      docs = docs.documents()
     for dupe in range(c.dupe_factor):
-      origin = (c.random_seed, shard_index, chunk_index, dupe)
+      origin = (c.random_seed, partition, chunk_index, dupe)
       rng = instances_lib.FastRng(origin)
-      # Instance spans first (Python, per document), then assembly, masking
-      # and serialisation in numpy batches; whole-word masking masks each
-      # instance in Python as it is made.
-      if c.whole_word_mask:
-        made = []
-        for doc_index in range(len(docs)):
-          made.extend(instances_lib.create_instances_from_document(
-              docs, doc_index, c.max_seq_length, c.short_seq_prob,
-              c.masked_lm_prob, c.max_predictions_per_seq, self.vocab, rng,
-              c.whole_word_mask))
-      else:
-        spans = []
-        for doc_index in range(len(docs)):
-          spans.extend(instances_lib.instance_spans(
-              offsets, doc_index, c.max_seq_length, c.short_seq_prob, rng))
-        made = np.asarray(spans, np.int64).reshape(-1, 7)
+      made = self._pass_instances(chunk, rng)
       keys = np.random.Generator(np.random.PCG64(np.random.SeedSequence(
           (*origin, _KEY_DOMAIN)))).integers(
               0, 2**64, len(made), dtype=np.uint64, endpoint=False)
-      shards = (keys % np.uint64(num_shards)).astype(np.int64)
       for start in range(0, len(made), _MASK_BATCH):
         part = made[start:start + _MASK_BATCH]
-        out_B = shards[start:start + len(part)]
+        key_B = keys[start:start + len(part)]
         # Rows grouped by output shard, in their order within each shard.
+        out_B = (key_B % np.uint64(c.num_output_shards)).astype(np.int64)
         order = np.argsort(out_B, kind="stable")
-        out_B = out_B[order]
-        if c.whole_word_mask:
-          part = [part[i] for i in order.tolist()]
-          data = [records.frame(self.encoder.encode_instance(inst))
-                  for inst in part]
-          frames = record_batches.FramedBatch(
-              b"".join(data), np.fromiter(map(len, data), np.int64, len(data)))
-          lengths = np.fromiter((len(i.input_ids) for i in part), np.int64,
-                                len(part))
-        else:
-          batch = instance_batches.mask_arrays(
-              *instance_batches.assemble_pairs(part, tokens, doc_starts,
-                                               c.max_seq_length, self.vocab),
-              c.masked_lm_prob, c.max_predictions_per_seq, self.vocab,
-              rng.generator).take(order)
-          frames = self._frames.encode(batch)
-          lengths = batch.lengths_B
-        inst_counts = np.bincount(out_B, minlength=num_shards)
-        tok_counts = np.bincount(out_B, weights=lengths, minlength=num_shards)
-        for s in np.nonzero(inst_counts)[0].tolist():
-          report[("instances", s)] += int(inst_counts[s])
-          report[("tokens", s)] += int(tok_counts[s])
-        sort_keys = np.empty(len(part), SORT_DTYPE)
-        sort_keys["key"] = keys[start:start + len(part)][order]
-        sort_keys["input_shard"] = shard_index
-        sort_keys["chunk"] = chunk_index
-        sort_keys["dupe"] = dupe
-        sort_keys["index"] = start + order
-        sort_keys["length"] = frames.lengths
-        yield RecordBatch(inst_counts, sort_keys, frames)
+        frames, frame_lengths, lengths = self._encode(part, order, chunk, rng)
+        sort_keys = np.empty(len(part), _SORT_FIELDS)
+        sort_keys["key"] = key_B[order]
+        sort_keys["partition"], sort_keys["chunk"] = partition, chunk_index
+        sort_keys["dupe"], sort_keys["index"] = dupe, start + order
+        _count(report, out_B[order], lengths, c.num_output_shards)
+        yield RecordBatch(out_B[order], sort_keys.view(f"S{SORT_KEY.size}"),
+                          frames, frame_lengths)
+
+  def _pass_instances(self, chunk, rng):
+    """One dupe pass's instances: span rows (7 columns, instance_spans), or
+    masked `Instance`s for whole-word masking, which masks each instance in
+    Python as it is made."""
+    c = self.config
+    if c.whole_word_mask:
+      docs = chunk.documents()
+      return [inst for d in range(len(docs))
+              for inst in instances_lib.create_instances_from_document(
+                  docs, d, c.max_seq_length, c.short_seq_prob,
+                  c.masked_lm_prob, c.max_predictions_per_seq, self.vocab,
+                  rng, c.whole_word_mask)]
+    offsets = chunk.offsets()
+    spans = [span for d in range(len(offsets))
+             for span in instances_lib.instance_spans(
+                 offsets, d, c.max_seq_length, c.short_seq_prob, rng)]
+    return np.asarray(spans, np.int64).reshape(-1, 7)
+
+  def _encode(self, part, order, chunk, rng):
+    """(frames, frame lengths, token counts) of a batch of instances, rows
+    in `order`."""
+    c = self.config
+    if c.whole_word_mask:
+      part = [part[i] for i in order.tolist()]
+      rows = [(i.input_ids, i.num_a, i.masked_lm_positions, i.masked_lm_ids,
+               i.is_random_next) for i in part]
+    else:
+      batch = instance_batches.mask_arrays(
+          *instance_batches.assemble_pairs(part, chunk.tokens, chunk.doc_starts,
+                                           c.max_seq_length, self.vocab),
+          c.masked_lm_prob, c.max_predictions_per_seq, self.vocab,
+          rng.generator).take(order)
+      rows = batch.rows()
+    data = [records.frame(self.encoder.encode(*row)) for row in rows]
+    return (b"".join(data), np.fromiter(map(len, data), np.int64, len(data)),
+            np.fromiter((len(row[0]) for row in rows), np.int64, len(rows)))
+
+
+def _count(report, out_B, lengths_B, num_shards) -> None:
+  """Adds a batch's instances and tokens per output shard to `report`."""
+  inst_counts = np.bincount(out_B, minlength=num_shards)
+  tok_counts = np.bincount(out_B, weights=lengths_B, minlength=num_shards)
+  for s in np.nonzero(inst_counts)[0].tolist():
+    report[("instances", s)] += int(inst_counts[s])
+    report[("tokens", s)] += int(tok_counts[s])
 
 
 def split_report(report: collections.Counter, num_shards: int):

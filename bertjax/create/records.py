@@ -126,6 +126,10 @@ def _masked_crc(data: bytes) -> bytes:
   return struct.pack("<I", tfrecord.masked_crc32c(data))
 
 
+FRAME_HEADER = 12  # uint64 length and the masked crc32c of it.
+FRAME_FOOTER = 4  # The masked crc32c of the data.
+
+
 def frame_header(length: int) -> bytes:
   """A TFRecord's first 12 bytes: the data's length and its masked crc32c."""
   packed = struct.pack("<Q", length)
@@ -161,19 +165,43 @@ def write_shard(path: str, records: Iterable[bytes]) -> int:
   return len(offsets)
 
 
-def write_framed_shard(path: str, frames: bytes, offsets: np.ndarray) -> None:
-  """Writes TFRecord frames (bytes back to back) and their start offsets.
+class FramedShardWriter:
+  """Streams TFRecord frames into a shard and its index, atomically.
 
-  Atomic as `write_shard`: the index and then the shard are renamed into
-  place. Local paths only.
+  Both are written under temporary names; on a clean exit the index and
+  then the shard are renamed into place (as `write_shard`), on an error the
+  temporaries are removed. Local paths only.
   """
-  tmp = fileio.temporary_path(path)
-  with open(tmp, "wb") as f:
-    f.write(frames)
-  with open(tmp + INDEX_SUFFIX, "wb") as f:
-    f.write(np.asarray(offsets, dtype="<i8").tobytes())
-  os.replace(tmp + INDEX_SUFFIX, index_path(path))
-  os.replace(tmp, path)
+
+  def __init__(self, path: str):
+    self.path = path
+    self.count = 0
+    self._tmp = fileio.temporary_path(path)
+    self._pos = 0
+
+  def __enter__(self) -> "FramedShardWriter":
+    self._data = open(self._tmp, "wb")  # pylint: disable=consider-using-with
+    self._index = open(self._tmp + INDEX_SUFFIX, "wb")  # pylint: disable=consider-using-with
+    return self
+
+  def write(self, frames: bytes, lengths: np.ndarray) -> None:
+    """Appends frames (back to back) of the given lengths."""
+    ends = self._pos + np.cumsum(lengths, dtype=np.int64)
+    self._index.write((ends - lengths).astype("<i8").tobytes())
+    self._data.write(frames)
+    self._pos = int(ends[-1]) if len(ends) else self._pos
+    self.count += len(lengths)
+
+  def __exit__(self, exc_type, *exc) -> None:
+    self._data.close()
+    self._index.close()
+    if exc_type is not None:
+      for tmp in (self._tmp, self._tmp + INDEX_SUFFIX):
+        if os.path.exists(tmp):
+          os.remove(tmp)
+      return
+    os.replace(self._tmp + INDEX_SUFFIX, index_path(self.path))
+    os.replace(self._tmp, self.path)
 
 
 def shard_bytes(records: Iterable[bytes]) -> tuple[bytes, bytes]:

@@ -8,13 +8,13 @@ written into them:
   (input_ids[masked_lm_positions] = masked_lm_ids where the weight is > 0)
   and are then masked afresh.
 
-The rule is the one used when creating the data: every token of the sequence
-counts, [CLS] and [SEP] included, and min(max_predictions_per_seq,
-max(1, round(num_tokens * masked_lm_prob))) positions are predicted, chosen
-uniformly among the maskable ones (not [CLS], [SEP], [PAD], [MASK] or
-padding). A chosen token becomes [MASK] with probability 0.8, stays itself
-with 0.1 and becomes a random non-special token with 0.1; positions are
-ascending. Whole-word masking is not done here.
+The rule is the one used when creating the data (records/masking.py): every
+token of the sequence counts, [CLS] and [SEP] included, in the number of
+predictions (masking.num_predictions), chosen uniformly among the maskable
+positions (not [CLS], [SEP], [PAD], [MASK] or padding), and a chosen token
+becomes [MASK], stays itself or becomes a random non-special token by the
+same 80/10/10 draw (masking.replacements; the shares are options).
+Positions are ascending. Whole-word masking is not done here.
 
 Every random number is a hash of (seed, epoch, example key, position), so an
 example's mask depends only on those, not on the batch it is in, the number
@@ -26,6 +26,8 @@ import functools
 from typing import Any, Mapping
 
 import numpy as np
+
+from bertjax.records import masking
 
 # Special tokens that are never chosen for prediction.
 _NEVER_MASKED = ("pad", "cls", "sep", "mask")
@@ -119,11 +121,18 @@ def _regular_ids(vocab_size: int, special_ids: tuple[int, ...]) -> np.ndarray:
   return np.setdiff1d(np.arange(vocab_size), np.asarray(special_ids, np.int64))
 
 
-def num_to_predict(num_tokens: np.ndarray, masked_lm_prob: float,
-                   max_predictions_per_seq: int) -> np.ndarray:
-  """min(max_pred, max(1, round(num_tokens * p))), as when creating the data."""
-  n = np.round(np.asarray(num_tokens) * masked_lm_prob).astype(np.int64)
-  return np.minimum(max_predictions_per_seq, np.maximum(1, n))
+def _smallest(u_BxL: np.ndarray, cand_BxL: np.ndarray, num_B: np.ndarray,
+              k: int) -> np.ndarray:
+  """Per row, the num_B candidates of smallest u (a uniform random subset),
+  ascending, in k columns; unused columns hold L (after the used ones)."""
+  length = u_BxL.shape[1]
+  u_BxL = np.where(cand_BxL, u_BxL, 2.0)
+  smallest_BxK = np.argpartition(u_BxL, k - 1, axis=1)[:, :k] if k < length else (
+      np.broadcast_to(np.arange(length), u_BxL.shape))
+  by_value_BxK = np.argsort(np.take_along_axis(u_BxL, smallest_BxK, axis=1), axis=1)
+  chosen_BxK = np.take_along_axis(smallest_BxK, by_value_BxK, axis=1)
+  chosen_BxK = np.where(np.arange(k)[None, :] < num_B[:, None], chosen_BxK, length)
+  return np.sort(chosen_BxK, axis=1)
 
 
 def mask_batch(batch: Mapping[str, np.ndarray], keys_B: np.ndarray,
@@ -149,35 +158,30 @@ def mask_batch(batch: Mapping[str, np.ndarray], keys_B: np.ndarray,
   max_pred = cfg.max_predictions_per_seq
   never = np.array([cfg.special_ids[k] for k in _NEVER_MASKED], ids_BxL.dtype)
   cand_BxL = mask_BxL & ~np.isin(ids_BxL, never)
-  num_B = np.minimum(num_to_predict(mask_BxL.sum(1), cfg.masked_lm_prob, max_pred),
-                     cand_BxL.sum(1))
+  num_B = masking.num_predictions(mask_BxL.sum(1), cfg.masked_lm_prob, max_pred,
+                                 cand_BxL.sum(1))
 
-  # A uniform random subset of num_B candidates: the smallest keys.
-  # Column code 3 * position + stream: stream 0 picks positions, 1 the action
-  # and 2 the random token at a position.
-  u_BxL = _uniform(cfg.seed, epochs_B, keys_B, 3 * np.arange(length)[None, :])
-  u_BxL[~cand_BxL] = 2.0
-  k = min(max_pred, length)
-  smallest_BxK = np.argpartition(u_BxL, k - 1, axis=1)[:, :k] if k < length else (
-      np.broadcast_to(np.arange(length), u_BxL.shape))
-  by_value_BxK = np.argsort(np.take_along_axis(u_BxL, smallest_BxK, axis=1), axis=1)
-  chosen_BxK = np.take_along_axis(smallest_BxK, by_value_BxK, axis=1)
-  chosen_BxK = np.where(np.arange(k)[None, :] < num_B[:, None], chosen_BxK, length)
-  chosen_BxK = np.sort(chosen_BxK, axis=1)  # ascending, unused slots (= length) last
+  # Column code 4 * position + stream: stream 0 picks positions, 1 and 3 make
+  # the 80/10/10 draw and 2 picks the random token at a position.
+  u_BxL = _uniform(cfg.seed, epochs_B, keys_B, 4 * np.arange(length)[None, :])
+  chosen_BxK = _smallest(u_BxL, cand_BxL, num_B, min(max_pred, length))
+  k = chosen_BxK.shape[1]
   valid_BxK = chosen_BxK < length
   pos_BxK = np.where(valid_BxK, chosen_BxK, 0)
   rows_BxK = np.broadcast_to(np.arange(bsz)[:, None], pos_BxK.shape)
 
   # 80% [MASK], 10% unchanged, 10% a random non-special token.
-  action_BxK = _uniform(cfg.seed, epochs_B, keys_B, 3 * pos_BxK + 1)
-  pick_BxK = _uniform(cfg.seed, epochs_B, keys_B, 3 * pos_BxK + 2)
+  kind_BxK = masking.replacements(
+      _uniform(cfg.seed, epochs_B, keys_B, 4 * pos_BxK + 1),
+      _uniform(cfg.seed, epochs_B, keys_B, 4 * pos_BxK + 3),
+      cfg.mask_token_prob, cfg.random_token_prob)
+  pick_BxK = _uniform(cfg.seed, epochs_B, keys_B, 4 * pos_BxK + 2)
   regular = _regular_ids(cfg.vocab_size, tuple(sorted(cfg.special_ids.values())))
   random_BxK = regular[np.minimum((pick_BxK * len(regular)).astype(np.int64),
                                   len(regular) - 1)]
   original_BxK = ids_BxL[rows_BxK, pos_BxK]
-  new_BxK = np.where(action_BxK < cfg.mask_token_prob, cfg.special_ids["mask"],
-                     np.where(action_BxK < cfg.mask_token_prob + cfg.random_token_prob,
-                              random_BxK, original_BxK))
+  new_BxK = np.where(kind_BxK == masking.MASK, cfg.special_ids["mask"],
+                     np.where(kind_BxK == masking.RANDOM, random_BxK, original_BxK))
   masked_BxL = ids_BxL.copy()
   masked_BxL[rows_BxK[valid_BxK], pos_BxK[valid_BxK]] = new_BxK[valid_BxK]
 

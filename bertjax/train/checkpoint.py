@@ -8,6 +8,7 @@ temporary name and renames it when complete, so an interrupted save is never
 picked up.
 """
 
+import contextlib
 import os
 from typing import Any, Optional
 
@@ -24,15 +25,42 @@ def _abstract(tree, shardings):
       lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 
+class _Manager(ocp.CheckpointManager):
+  """A CheckpointManager that leaves JAX's preemption sync point to the loop.
+
+  The sync point must be asked with consecutive step numbers (see
+  preemption.py); orbax asks it too, when a save starts and, on process 0,
+  from its finalize thread with the step of a save that may be several steps
+  old, which would report a stale step when a preemption is announced and
+  could let the hosts pick different stopping steps. The loop saves
+  explicitly (force=True) at the step its PreemptionGuard picks.
+  """
+
+  def reached_preemption(self, step: int) -> bool:
+    del step
+    return False
+
+
+class CheckpointSaveError(OSError):
+  """A checkpoint could not be written; the ones before it are intact."""
+
+
 class Checkpointer:
-  """Saves and restores the full training state in `directory`."""
+  """Saves and restores the full training state in `directory`.
+
+  A save that fails (a full disk, a path that cannot be written) raises
+  CheckpointSaveError, with an async save at the next save, wait or close.
+  Orbax renames a checkpoint into place only when all of it is written, so
+  the failed step is never resumed from and the previous ones stay intact.
+  """
 
   def __init__(self, directory: str, *, keep: int, async_save: bool):
     self.directory = directory
     options = ocp.CheckpointManagerOptions(
         max_to_keep=keep, enable_async_checkpointing=async_save, create=True)
-    self._manager = ocp.CheckpointManager(
+    self._manager = _Manager(
         directory, options=options, item_names=("params", "opt_state", "meta"))
+    self._saving: Optional[int] = None  # The step of the save last started.
 
   def latest_step(self) -> Optional[int]:
     return self._manager.latest_step()
@@ -47,10 +75,30 @@ class Checkpointer:
     if step in self._manager.all_steps():
       return False
     meta = dict(meta, step=step)
-    return self._manager.save(step, args=ocp.args.Composite(
+    args = ocp.args.Composite(
         params=ocp.args.StandardSave(state.params),
         opt_state=ocp.args.StandardSave({"opt_state": state.opt_state, "step": state.step}),
-        meta=ocp.args.JsonSave(meta)), force=force)
+        meta=ocp.args.JsonSave(meta))
+    with self._save_errors(step):
+      return self._manager.save(step, args=args, force=force)
+
+  @contextlib.contextmanager
+  def _save_errors(self, step: Optional[int]):
+    """Turns a failed save (of `step`, or of the async save before it) into a clear error."""
+    failed = self._saving
+    self._saving = step
+    try:
+      yield
+    except Exception as e:  # pylint: disable=broad-except
+      failed = failed if failed is not None else step
+      self._saving = None
+      latest = self._manager.latest_step()
+      raise CheckpointSaveError(
+          f"the checkpoint of step {failed} could not be written in {self.directory}: "
+          f"{e}. Is the disk full, or the directory not writable? "
+          + (f"The last complete checkpoint, of step {latest}, is intact: make room "
+             "and rerun to resume from it." if latest is not None else
+             "No checkpoint was complete before it.")) from e
 
   def restore(self, state: TrainState, shardings: TrainState,
               step: Optional[int] = None) -> tuple[TrainState, dict[str, Any]]:
@@ -71,15 +119,18 @@ class Checkpointer:
                               step=restored["opt_state"]["step"])
     return new_state, dict(restored["meta"])
 
-  def reached_preemption(self, step: int) -> bool:
-    """True on every host once the platform has announced a preemption."""
-    return self._manager.reached_preemption(step)
-
   def wait(self):
-    self._manager.wait_until_finished()
+    """Waits for the async save in flight; raises CheckpointSaveError if it failed."""
+    with self._save_errors(None):
+      self._manager.wait_until_finished()
 
   def close(self):
-    self._manager.wait_until_finished()
+    try:
+      self.wait()
+    except CheckpointSaveError:
+      with contextlib.suppress(Exception):  # Orbax raises the same failure again.
+        self._manager.close()
+      raise
     self._manager.close()
 
 
@@ -113,3 +164,74 @@ def rng_to_json(rng) -> list[int]:
 
 def rng_from_json(data: list[int]):
   return jax.random.wrap_key_data(np.asarray(data, np.uint32))
+
+
+# ---------------------------------------------------------------------------
+# Reading one checkpoint elsewhere (export, init_from): read-only, through
+# orbax's public API, local or gs://, into any abstract target, so that a
+# checkpoint saved on one topology (a pod's mesh) restores on another (one
+# workstation device, another mesh).
+
+@contextlib.contextmanager
+def _reader(directory: str):
+  manager = ocp.CheckpointManager(
+      directory, options=ocp.CheckpointManagerOptions(
+          read_only=True, create=False, save_interval_steps=0),
+      item_handlers={"params": ocp.StandardCheckpointHandler(),
+                     "opt_state": ocp.StandardCheckpointHandler(),
+                     "meta": ocp.JsonCheckpointHandler()})
+  try:
+    yield manager
+  finally:
+    manager.close()
+
+
+def find_step(path: str) -> tuple[str, int]:
+  """(checkpoints directory, step) for `path`: a checkpoints directory (its
+  latest complete step) or one step directory of it."""
+  from bertjax.records import fileio  # pylint: disable=g-import-not-at-top
+  path = path.rstrip("/")
+  if not fileio.isdir(path):
+    raise ValueError(f"{path}: no such checkpoint directory")
+  parent, name = os.path.split(path)
+  if name.isdigit() and fileio.isdir(os.path.join(path, "params")):
+    return parent, int(name)
+  with _reader(path) as manager:
+    step = manager.latest_step()
+  if step is None:
+    raise ValueError(f"{path}: holds no bertjax checkpoint (no complete step directory "
+                     "with a params/ item)")
+  return path, step
+
+
+def read_meta(path: str) -> dict[str, Any]:
+  """The `meta` item (JSON) of the checkpoint at `path` (see find_step)."""
+  directory, step = find_step(path)
+  with _reader(directory) as manager:
+    restored = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+  return dict(restored["meta"], step=step)
+
+
+def saved_params_shapes(path: str) -> Any:
+  """The saved parameters' tree as jax.ShapeDtypeStructs (no sharding): what
+  was saved, whatever the model code or mesh that saved it."""
+  directory, step = find_step(path)
+  with _reader(directory) as manager:
+    saved = manager.metadata(step).item_metadata["params"]
+  saved = getattr(saved, "tree", saved)
+  return jax.tree.map(lambda m: jax.ShapeDtypeStruct(tuple(m.shape), m.dtype), saved)
+
+
+def restore_params(path: str, abstract_params) -> Any:
+  """The parameters of the checkpoint at `path`, restored into `abstract_params`.
+
+  `abstract_params` is a tree of jax.ShapeDtypeStructs whose shardings say
+  where each array goes (one device, or any mesh whatever the mesh it was
+  saved from); its shapes must be the saved ones.
+  """
+  directory, step = find_step(path)
+  logging.info("Reading parameters of step %d from %s", step, directory)
+  with _reader(directory) as manager:
+    restored = manager.restore(step, args=ocp.args.Composite(
+        params=ocp.args.StandardRestore(abstract_params)))
+  return restored["params"]

@@ -1,7 +1,16 @@
-"""Console lines, TensorBoard scalars and the throughput figures behind them."""
+"""Console lines, TensorBoard scalars and the throughput figures behind them.
 
+Throughput and MFU are rates of training steps alone: a logging window's
+time spent in checkpoint saves (the part the loop waits for; an async save
+writes on in the background) and held-out evaluation is measured apart
+(RunClock) and left out of them, and reported on its own. Goodput is the
+share of this process's wall time spent in training steps (their input
+waits and the first step's compile included).
+"""
+
+import contextlib
 import time
-from typing import Any, Optional
+from typing import Optional
 
 import jax
 import numpy as np
@@ -24,19 +33,43 @@ def quiet_library_logs():
     absl_logger.addFilter(_LibraryInfoFilter())
 
 
-def first_nonfinite(step_metrics: list[tuple[int, dict[str, Any]]]) -> Optional[int]:
-  """The step of the first metrics dict whose `finite` flag is off."""
-  for step, m in step_metrics:
-    if not bool(m["finite"]):
-      return step
-  return None
+class RunClock:
+  """This process's wall time, and the seconds of it spent saving and evaluating."""
+
+  KINDS = ("checkpoint", "eval")
+
+  def __init__(self):
+    self.start = time.perf_counter()
+    self.seconds = dict.fromkeys(self.KINDS, 0.0)
+    self.step_seconds = 0.0  # Added up by the logger, window by window.
+
+  @contextlib.contextmanager
+  def measure(self, kind: str):
+    t0 = time.perf_counter()
+    try:
+      yield
+    finally:
+      self.seconds[kind] += time.perf_counter() - t0
+
+  def apart(self) -> float:
+    """Seconds spent outside training steps so far."""
+    return sum(self.seconds.values())
+
+  def goodput(self) -> float:
+    return self.step_seconds / max(time.perf_counter() - self.start, 1e-9)
+
+  def summary(self) -> dict[str, float]:
+    wall = time.perf_counter() - self.start
+    return {"wall_seconds": wall, "step_seconds": self.step_seconds,
+            **{f"{k}_seconds": v for k, v in self.seconds.items()},
+            "goodput": self.goodput()}
 
 
 class MetricLogger:
   """Averages step metrics over a logging window and writes them out."""
 
   def __init__(self, workdir: str, model_config: BertConfig, total_steps: int,
-               peak_tflops: float = 0.0):
+               peak_tflops: float = 0.0, clock: Optional[RunClock] = None):
     self.model_config = model_config
     self.total_steps = total_steps
     self.num_chips = jax.device_count()
@@ -49,25 +82,39 @@ class MetricLogger:
         self._writer = SummaryWriter(logdir=f"{workdir}/tensorboard")
       except Exception as e:  # pylint: disable=broad-except
         logging.warning("No TensorBoard events (%s); console logging only.", e)
-    self._t0 = None
+    self.clock = clock or RunClock()
+    self._t0 = self._apart0 = None
     self._step0 = None
 
+  def __enter__(self) -> "MetricLogger":
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+
   def start_window(self, step: int):
-    self._t0, self._step0 = time.perf_counter(), step
+    self._t0, self._apart0, self._step0 = time.perf_counter(), self.clock.apart(), step
 
   def log_train(self, step: int, phase, host_metrics: list[dict[str, float]],
-                learning_rate: float) -> dict[str, float]:
-    """Averages the window's metrics, adds rates, prints and writes them."""
+                learning_rate: float, data_stats: Optional[dict[str, int]] = None
+                ) -> dict[str, float]:
+    """Averages the window's metrics, adds rates, prints and writes them.
+
+    `data_stats` (the input's counters, e.g. skipped records) go to
+    TensorBoard under data/.
+    """
     now = time.perf_counter()
     steps = step - self._step0
-    seconds = max(now - self._t0, 1e-9)
+    apart = self.clock.apart() - self._apart0
+    seconds = max(now - self._t0 - apart, 1e-9)
+    self.clock.step_seconds += seconds
     m = {k: float(np.mean([x[k] for x in host_metrics])) for k in host_metrics[0]
          if k != "finite"}
     steps_per_s = steps / seconds
     seqs = steps_per_s * phase.global_batch_size
     m.update(learning_rate=learning_rate, step_time=1.0 / max(steps_per_s, 1e-9),
              sequences_per_second=seqs,
-             tokens_per_second=seqs * phase.max_seq_length)
+             tokens_per_second=seqs * phase.max_seq_length, goodput=self.clock.goodput())
     util = flops.mfu(self.model_config, phase.max_seq_length, phase.max_predictions_per_seq,
                      seqs, self.num_chips, self.peak)
     if util is not None:
@@ -76,10 +123,15 @@ class MetricLogger:
     mfu_text = f"{100 * util:.1f}%" if util is not None else "n/a"
     logging.info(
         "step %d/%d [%s] loss %.4f  mlm_acc %.4f  nsp_acc %.4f  lr %.3g  "
-        "%.1f seq/s  MFU %s  ETA %s", step, self.total_steps, phase.name, m["loss"],
-        m["mlm_accuracy"], m["nsp_accuracy"], learning_rate, seqs, mfu_text,
-        _duration(eta))
+        "%.1f seq/s  MFU %s  goodput %.1f%% (checkpoints %.1fs, eval %.1fs)  ETA %s",
+        step, self.total_steps, phase.name, m["loss"], m["mlm_accuracy"],
+        m["nsp_accuracy"], learning_rate, seqs, mfu_text, 100 * m["goodput"],
+        self.clock.seconds["checkpoint"], self.clock.seconds["eval"], _duration(eta))
     self.write(step, m, prefix="train")
+    self.write(step, {f"{k}_seconds": v for k, v in self.clock.seconds.items()},
+               prefix="time")
+    if data_stats:
+      self.write(step, data_stats, prefix="data")
     self.start_window(step)
     return m
 

@@ -15,8 +15,8 @@ from bertjax.train import sharding as sharding_lib
 from bertjax.train.optimizer import phase_boundaries
 
 _GROUPS = {
-    "": {"seed", "total_steps", "init_from", "model", "data", "phases", "optimizer",
-         "mesh", "checkpoint", "logging"},
+    "": {"seed", "total_steps", "init_from", "allow_changes", "model", "data", "phases",
+         "optimizer", "mesh", "checkpoint", "logging"},
     "model": {f.name for f in dataclasses.fields(BertConfig)},
     "data": {"source", "demo_dir", "vocab_hash", "order", "shuffle_block", "skip_corrupt",
              "dynamic_masking", "masked_lm_prob", "prefetch"},

@@ -1,0 +1,152 @@
+"""Sorted spill runs on disk and their streaming k-way merge.
+
+Both steps of creation that regroup data use them: reading (documents ->
+their partition) and mapping (records -> their output shard). A writer
+buffers (part, key, bytes) entries and, every `spill_bytes`, writes a run:
+
+  run-XXXXX.bin      each part's entries' bytes, part after part, every part
+                     sorted by key
+  run-XXXXX.keys     their keys and lengths (KEY_FIELDS), in the same order
+  run-XXXXX.offsets  where each part begins, in entries and in bytes
+
+Keys are fixed-width big-endian byte strings (numpy "S<n>"), which sort as
+the tuples they pack. `merge_part` streams one part of many runs in key
+order, a block at a time, so memory is bounded by `block_bytes` whatever the
+size of the part.
+"""
+
+import os
+from typing import Iterator, Sequence
+
+import numpy as np
+
+
+def key_dtype(key_width: int) -> np.dtype:
+  """A run's `.keys` entry: the key and the entry's length in bytes."""
+  return np.dtype([("key", f"S{key_width}"), ("length", "<u4")])
+
+
+class SpillWriter:
+  """Buffers keyed entries per part and writes them as sorted runs."""
+
+  def __init__(self, directory: str, num_parts: int, key_width: int,
+               spill_bytes: int):
+    self.directory = directory
+    self.num_parts = num_parts
+    self.dtype = key_dtype(key_width)
+    self.spill_bytes = spill_bytes
+    self.runs = 0
+    self._blobs, self._keys, self._parts = [], [], []
+    self._buffered = 0
+    os.makedirs(directory, exist_ok=True)
+
+  def add(self, parts: np.ndarray, keys: np.ndarray, blob: bytes,
+          lengths: np.ndarray) -> None:
+    """Entry i is part parts[i], key keys[i] and the next lengths[i] bytes."""
+    entries = np.empty(len(keys), self.dtype)
+    entries["key"], entries["length"] = keys, lengths
+    self._blobs.append(blob)
+    self._keys.append(entries)
+    self._parts.append(np.asarray(parts, np.int64))
+    self._buffered += len(blob)
+    if self._buffered >= self.spill_bytes:
+      self.flush()
+
+  def flush(self) -> None:
+    """Writes the buffered entries as one run (an empty one if none)."""
+    keys = np.concatenate([np.zeros(0, self.dtype), *self._keys])
+    parts = np.concatenate([np.zeros(0, np.int64), *self._parts])
+    lengths = keys["length"].astype(np.int64)
+    starts = np.cumsum(lengths) - lengths
+    blob = b"".join(self._blobs)
+    order = np.lexsort([keys["key"], parts])  # By part, then by key.
+    path = os.path.join(self.directory, f"run-{self.runs:05d}")
+    view = memoryview(blob)
+    with open(path + ".bin", "wb") as f:
+      f.writelines([view[a:a + n] for a, n in zip(
+          starts[order].tolist(), lengths[order].tolist())])
+    keys[order].tofile(path + ".keys")
+    counts = np.bincount(parts, minlength=self.num_parts)
+    nbytes = np.bincount(parts, weights=lengths, minlength=self.num_parts)
+    offsets = np.zeros((self.num_parts + 1, 2), "<i8")
+    offsets[1:, 0] = np.cumsum(counts)
+    offsets[1:, 1] = np.cumsum(nbytes.astype(np.int64))
+    offsets.tofile(path + ".offsets")
+    self.runs += 1
+    self._blobs, self._keys, self._parts = [], [], []
+    self._buffered = 0
+
+
+def list_runs(directories: Sequence[str]) -> list[str]:
+  """The runs (paths without suffix) in the given directories, in order."""
+  return [os.path.join(d, name[:-len(".bin")]) for d in directories
+          for name in sorted(os.listdir(d)) if name.endswith(".bin")]
+
+
+class _Cursor:
+  """Reads one part of one run, a block at a time."""
+
+  def __init__(self, run: str, part: int, dtype: np.dtype):
+    offsets = np.fromfile(run + ".offsets", "<i8").reshape(-1, 2)
+    (self._next, b0), (self._end, _) = offsets[part], offsets[part + 1]
+    self._keys_path, self._dtype = run + ".keys", dtype
+    self._file = open(run + ".bin", "rb")  # pylint: disable=consider-using-with
+    self._file.seek(int(b0))
+    self.keys = np.zeros(0, dtype)  # The loaded, not yet merged entries.
+    self.blob, self.starts = b"", np.zeros(0, np.int64)
+
+  @property
+  def more_on_disk(self) -> bool:
+    return self._next < self._end
+
+  def load(self, block_bytes: int) -> None:
+    """Loads the next entries, about `block_bytes` of them (at least one)."""
+    count = int(min(self._end - self._next, 1 + block_bytes // 64))
+    keys = np.fromfile(self._keys_path, self._dtype, count=count,
+                       offset=int(self._next) * self._dtype.itemsize)
+    ends = np.cumsum(keys["length"], dtype=np.int64)
+    take = max(1, int(np.searchsorted(ends, block_bytes, side="right")))
+    self.keys, self._next = keys[:take], self._next + take
+    self.starts = ends[:take] - keys["length"][:take]
+    self.blob = self._file.read(int(ends[take - 1]))
+
+  def close(self) -> None:
+    self._file.close()
+
+
+def merge_part(runs: Sequence[str], part: int, key_width: int,
+               block_bytes: int = 64 << 20
+               ) -> Iterator[tuple[np.ndarray, bytes, np.ndarray]]:
+  """Yields (keys, bytes, lengths) blocks of one part of `runs`, in key order.
+
+  A blocked k-way merge: every run keeps one block loaded; the entries up to
+  the smallest last key among runs with more on disk are sorted and yielded,
+  and the runs that ran dry load their next block.
+  """
+  dtype = key_dtype(key_width)
+  opened = [_Cursor(run, part, dtype) for run in runs]
+  per_run = max(1, block_bytes // max(1, len(opened)))
+  try:
+    cursors = [c for c in opened if c.more_on_disk]
+    while cursors:
+      for c in cursors:
+        if not len(c.keys):
+          c.load(per_run)
+      limits = [c.keys["key"][-1] for c in cursors if c.more_on_disk]
+      keys, blobs = [], []
+      for c in cursors:
+        cut = (len(c.keys) if not limits else
+               int(np.searchsorted(c.keys["key"], min(limits), side="right")))
+        view = memoryview(c.blob)
+        blobs.extend(view[a:a + n] for a, n in zip(
+            c.starts[:cut].tolist(), c.keys["length"][:cut].tolist()))
+        keys.append(c.keys[:cut])
+        c.keys, c.starts = c.keys[cut:], c.starts[cut:]
+      keys = np.concatenate(keys)
+      order = np.argsort(keys["key"], kind="stable")
+      yield (keys["key"][order], b"".join([blobs[i] for i in order.tolist()]),
+             keys["length"][order].astype(np.int64))
+      cursors = [c for c in cursors if len(c.keys) or c.more_on_disk]
+  finally:
+    for c in opened:
+      c.close()

@@ -1,0 +1,122 @@
+"""The three tasks of local creation, run in worker processes or in-process.
+
+read (one per input shard): the shard's documents -> spill runs of their
+  texts by partition (partition.py), sorted by document key.
+map (one per partition): the partition's documents, merged from every read
+  task's runs in key order -> instances -> spill runs of framed records by
+  output shard, sorted by record key (mapper.py).
+reduce (one per output shard): the shard's records, merged from every map
+  task's runs in key order, streamed into the shard file and its index.
+
+A task is done when its `<work>/<kind>-XXXXX.json` exists (written last,
+atomically); its runs are in `<work>/<kind>-XXXXX/`. Memory is bounded by
+`spill_bytes` (buffers and merge blocks) and the chunk size, not by the
+size of the input, a partition or an output shard.
+"""
+
+import collections
+import json
+import os
+import shutil
+from typing import Any, Sequence
+
+from bertjax.create import documents
+from bertjax.create import mapper
+from bertjax.create import partition
+from bertjax.create import records
+from bertjax.create import spills
+
+_WORKER = {}
+
+
+def worker_init(config: mapper.CreationConfig,
+                tokenizer_spec: mapper.TokenizerSpec) -> None:
+  """Sets what the tasks of this process share (the tokenizer on demand)."""
+  os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+  _WORKER.clear()
+  _WORKER.update(config=config, spec=tokenizer_spec)
+
+
+def _mapper() -> mapper.ShardMapper:
+  if "mapper" not in _WORKER:
+    _WORKER["mapper"] = mapper.ShardMapper(_WORKER["config"],
+                                           _WORKER["spec"].load())
+  return _WORKER["mapper"]
+
+
+def task_dir(work_dir: str, kind: str, index: int) -> str:
+  return os.path.join(work_dir, f"{kind}-{index:05d}")
+
+
+def read_done(work_dir: str, kind: str, index: int):
+  """A finished task's result, or None."""
+  path = task_dir(work_dir, kind, index) + ".json"
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def _finish(work_dir: str, kind: str, index: int, result: dict) -> dict:
+  path = task_dir(work_dir, kind, index) + ".json"
+  with open(path + ".tmp", "w") as f:
+    json.dump(result, f)
+  os.replace(path + ".tmp", path)
+  return result
+
+
+def _fresh_dir(path: str) -> str:
+  shutil.rmtree(path, ignore_errors=True)
+  os.makedirs(path)
+  return path
+
+
+def read_task(shard: documents.InputShard, work_dir: str,
+              num_partitions: int) -> dict[str, Any]:
+  """Deals one input shard's documents into partitions."""
+  config = _WORKER["config"]
+  report = collections.Counter()
+  writer = spills.SpillWriter(
+      _fresh_dir(task_dir(work_dir, "read", shard.index)), num_partitions,
+      partition.DOC_KEY.size, config.spill_bytes)
+  for parts, keys, blob, lengths in partition.read_shard(
+      shard, config.random_seed, num_partitions, report):
+    writer.add(parts, keys, blob, lengths)
+  writer.flush()
+  return _finish(work_dir, "read", shard.index,
+                 {"index": shard.index, "report": dict(report)})
+
+
+def map_task(part: int, work_dir: str, read_indices: Sequence[int]
+             ) -> dict[str, Any]:
+  """Makes the instances of one partition, spilled by output shard."""
+  shard_mapper = _mapper()
+  config = shard_mapper.config
+  S = config.num_output_shards
+  runs = spills.list_runs([task_dir(work_dir, "read", i)
+                           for i in read_indices])
+  docs = (doc for _, blob, lengths in spills.merge_part(
+      runs, part, partition.DOC_KEY.size, config.spill_bytes)
+          for doc in partition.documents_of(blob, lengths))
+  report = collections.Counter()
+  writer = spills.SpillWriter(_fresh_dir(task_dir(work_dir, "map", part)), S,
+                              mapper.SORT_KEY.size, config.spill_bytes)
+  for batch in shard_mapper.map_partition(part, docs, report):
+    writer.add(batch.shards, batch.keys, batch.frames, batch.lengths)
+  writer.flush()
+  inst, toks, plain = mapper.split_report(report, S)
+  return _finish(work_dir, "map", part, {
+      "index": part, "instances": inst, "tokens": toks, "report": plain})
+
+
+def reduce_task(shard_index: int, output_dir: str, work_dir: str,
+                map_indices: Sequence[int], num_shards: int,
+                block_bytes: int) -> int:
+  """Writes one output shard: its records from every map task in key order."""
+  runs = spills.list_runs([task_dir(work_dir, "map", m) for m in map_indices])
+  path = os.path.join(output_dir, records.shard_name(shard_index, num_shards))
+  with records.FramedShardWriter(path) as writer:
+    for _, blob, lengths in spills.merge_part(
+        runs, shard_index, mapper.SORT_KEY.size, block_bytes):
+      writer.write(blob, lengths)
+  return writer.count

@@ -1,0 +1,133 @@
+"""Faults in real training processes, each followed by the rerun that must lose nothing.
+
+The runs are test_train.py's child processes: a tiny model with dropout on,
+synthetic data, two phases of 4 steps, checkpoints every 3 steps (3, 4, 6,
+8). After each fault the rerun in the same workdir must end with the
+parameters of an uninterrupted run, bit for bit (equal digests).
+(A SIGTERM to one of two processes is in test_multihost.py.)
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+import data_utils
+from test_train import TOTAL_STEPS, losses, run
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  """The uninterrupted run's final parameters and losses."""
+  workdir = tmp_path_factory.mktemp("reference")
+  result, _ = run(tmp_path_factory, workdir)
+  assert result["summary"]["step"] == TOTAL_STEPS
+  return {"digest": result["checkpoints"][str(TOTAL_STEPS)]["digest"],
+          "losses": losses(workdir)}
+
+
+def _resumes_to_the_end(tmp_path_factory, workdir, reference, from_step, **payload):
+  result, log = run(tmp_path_factory, workdir, **payload)
+  assert f"Resumed from the checkpoint at step {from_step} " in log
+  assert result["summary"]["step"] == TOTAL_STEPS
+  assert result["checkpoints"][str(TOTAL_STEPS)]["digest"] == reference["digest"]
+  return result, log
+
+
+def _unfinished(workdir):
+  return sorted(n for n in os.listdir(os.path.join(workdir, "checkpoints"))
+                if not n.isdigit())
+
+
+def test_sigkill_during_an_async_save_resumes_from_the_last_complete_checkpoint(
+    tmp_path_factory, reference):
+  workdir = str(tmp_path_factory.mktemp("sigkill"))
+  # Killed while the checkpoint of step 6 is being written.
+  killed, _ = run(tmp_path_factory, workdir, returncode=-9, sigkill_in_save=6)
+  assert killed is None
+  names = os.listdir(os.path.join(workdir, "checkpoints"))
+  assert "6" not in names and _unfinished(workdir), names
+  result, _ = _resumes_to_the_end(tmp_path_factory, workdir, reference, from_step=4)
+  assert sorted(result["checkpoints"], key=int) == ["3", "4", "6", "8"]
+
+
+def test_sigterm_off_the_save_interval_saves_that_step_and_resumes_exactly(
+    tmp_path_factory, reference):
+  workdir = str(tmp_path_factory.mktemp("sigterm"))
+  first, _ = run(tmp_path_factory, workdir, sigterm_at=5)  # Exits cleanly (code 0).
+  assert first["summary"] == {"preempted_at_step": 5}
+  assert sorted(first["checkpoints"], key=int) == ["3", "4", "5"]
+  assert (first["checkpoints"]["5"]["phase"], first["checkpoints"]["5"]["data_step"]) == (
+      "seq32", 1)
+
+  # A rerun that changes what the run computes is refused, naming the fields.
+  refused, _ = run(tmp_path_factory, workdir,
+                   config={"seed": 1, "phases.seq16.global_batch_size": 16})
+  assert "--config: this run differs" in refused["error"]
+  assert "seed: 0 -> 1" in refused["error"]
+  assert "phases.seq16.global_batch_size: 8 -> 16" in refused["error"]
+  assert refused["sources"] == []
+  # Changing how often it logs and saves is safe: logged, and resumed exactly.
+  result, log = _resumes_to_the_end(tmp_path_factory, workdir, reference, from_step=5,
+                                    config={"logging.every_steps": 2})
+  assert "Config change on resume, always allowed: logging.every_steps: 1 -> 2" in log
+  assert sorted(result["checkpoints"], key=int) == ["3", "4", "5", "6", "8"]
+
+
+def test_nonfinite_loss_stops_naming_the_step_and_resumes_from_the_last_good_checkpoint(
+    tmp_path_factory, reference):
+  workdir = str(tmp_path_factory.mktemp("nonfinite"))
+  # Metrics are read only at phase ends and checkpoints, so the NaN of step 6
+  # is found when step 6 is about to be saved.
+  result, _ = run(tmp_path_factory, workdir, nan_at=6, config={"logging.every_steps": 100})
+  assert result["summary"] is None
+  assert "NonFiniteError: non-finite loss or gradient at step 6" in result["error"]
+  assert sorted(result["checkpoints"], key=int) == ["3", "4"]
+  assert all(c["finite"] for c in result["checkpoints"].values())
+  _resumes_to_the_end(tmp_path_factory, workdir, reference, from_step=4)
+
+
+def test_file_space_running_out_in_a_save_is_a_clear_error_and_loses_nothing(
+    tmp_path_factory, reference):
+  workdir = str(tmp_path_factory.mktemp("disk_full"))
+  # From the save of step 6 on, no file may grow past 32 KiB: the
+  # checkpoint's array files are larger, the run's other files are not.
+  result, _ = run(tmp_path_factory, workdir, file_limit_in_save=[6, 32 * 1024])
+  assert result["summary"] is None
+  error = result["error"]
+  assert error.startswith("CheckpointSaveError: the checkpoint of step 6 could not be "
+                          f"written in {os.path.join(workdir, 'checkpoints')}"), error
+  assert "File too large" in error
+  assert "The last complete checkpoint, of step 4, is intact" in error
+  assert sorted(result["checkpoints"], key=int) == ["3", "4"]
+  _resumes_to_the_end(tmp_path_factory, workdir, reference, from_step=4)
+
+
+def test_a_preemption_at_a_phase_end_keeps_that_phases_evaluation(
+    tmp_path_factory, reference):
+  eval_dir = str(tmp_path_factory.mktemp("eval16"))
+  examples = data_utils.write_dataset(eval_dir, num_files=2, records_per_file=8,
+                                      max_seq_length=16, max_pred=3, vocab_size=128, seed=5)
+  config = {"phases.seq16.eval_files": os.path.join(eval_dir, "*.tfrecord"),
+            "logging.eval_batches": 0}
+  workdir = str(tmp_path_factory.mktemp("phase_end"))
+  first, _ = run(tmp_path_factory, workdir, sigterm_at=4, config=config, source_stats=True)
+  assert first["summary"] == {"preempted_at_step": 4}
+  assert sorted(first["checkpoints"], key=int) == ["3", "4"]
+  result, _ = _resumes_to_the_end(tmp_path_factory, workdir, reference, from_step=4,
+                                  config=config, source_stats=True)
+  # The input's counters: each phase's at its end (its 4 steps' batches and
+  # at most 3 read ahead: 2 waiting on the devices, 1 on its way), and their total.
+  phases = result["summary"]["phases"]
+  assert all(4 <= phases[p]["data"]["batches_read"] <= 4 + 3 for p in ("seq16", "seq32"))
+  assert result["summary"]["data"] == {
+      "batches_read": sum(phases[p]["data"]["batches_read"] for p in phases)}
+  evaluation = result["summary"]["phases"]["seq16"]["eval"]
+  assert evaluation["num_examples"] == len(examples)
+  targets = np.concatenate([e["masked_lm_ids"][e["masked_lm_weights"] > 0]
+                            for e in examples])
+  labels = np.concatenate([e["next_sentence_labels"] for e in examples])
+  np.testing.assert_allclose(
+      [evaluation["mlm_baseline_accuracy"], evaluation["nsp_baseline_accuracy"]],
+      [np.bincount(targets).max() / len(targets), np.bincount(labels).max() / len(labels)],
+      rtol=1e-6)
