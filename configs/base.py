@@ -18,6 +18,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.seed = 0  # Seeds parameter init, dropout and the data order.
   config.total_steps = 1_000_000  # Optimizer steps over all phases together.
   config.init_from = ""  # Weights to start from when the workdir has no checkpoint: a bertjax checkpoint dir or a Hugging Face model dir.
+  config.compile_cache_dir = "compile_cache"  # Persistent XLA compilation cache: relative to the workdir, or an absolute or gs:// path; "" turns it off. A restart of the same config compiles from it.
   config.allow_changes = ""  # Comma-separated fields (e.g. total_steps,phases.*.train_files) that may differ from the run recorded in workdir/config.json when resuming; logged.
 
   # The architecture (bertjax.model.config.BertConfig).
@@ -112,6 +113,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.logging.every_steps = 100  # Console line and TensorBoard scalars every this many steps.
   config.logging.eval_every_steps = 50_000  # Held-out evaluation; 0 evaluates only at phase ends.
   config.logging.eval_batches = 100  # At most this many eval batches; 0 reads the whole eval set.
+  config.logging.profile_steps = (0, 0)  # (first step, number of steps) traced with jax.profiler into workdir/tensorboard (TensorBoard's profile plugin); 0 steps traces nothing.
   config.logging.peak_tflops = 0.0  # Peak bf16 TFLOP/s per chip for MFU; 0 looks it up by device kind.
   return config
 

@@ -24,6 +24,7 @@ from bertjax.records import fileio
 from bertjax.records import schema
 from bertjax.train import checkpoint as ckpt_lib
 from bertjax.train import optimizer as opt_lib
+from bertjax.train import profiling
 from bertjax.train import run_config
 from bertjax.train import run_record
 from bertjax.train import sharding as sharding_lib
@@ -87,10 +88,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if jax.process_index() == 0:
       run_record.write(workdir, recorded)
     with MetricLogger(workdir, run.model_config, config.total_steps,
-                      config.logging.peak_tflops, clock) as logger, PreemptionGuard() as guard:
+                      config.logging.peak_tflops, clock,
+                      config.optimizer.grad_accum_steps) as logger, PreemptionGuard() as guard:
       trainer = Trainer(run, start.state, start.shardings, start.dropout_rng,
                         checkpointer=checkpointer, logger=logger, guard=guard,
-                        finished_phases=(start.meta or {}).get("phases", {}))
+                        finished_phases=(start.meta or {}).get("phases", {}),
+                        profile=profiling.ProfileWindow(*config.logging.profile_steps,
+                                                        logdir=f"{workdir}/tensorboard"))
       with sharding_lib.mesh_context(run.mesh, sharding_lib.rules(config.mesh)):
         for phase in run.plan:
           if trainer.step < phase.end and not trainer.run_phase(phase):

@@ -28,9 +28,11 @@ from bertjax.train import flops as flops_lib
 CACHE_EVENTS = ("/jax/compilation_cache/cache_hits", "/jax/compilation_cache/cache_misses")
 
 
-def default_cache_dir(workdir: str) -> str:
-  """The cache beside the run's checkpoints: workdir/compile_cache."""
-  return os.path.join(workdir, "compile_cache")
+def cache_dir(setting: str, workdir: str) -> str:
+  """config.compile_cache_dir resolved: relative paths are inside the workdir."""
+  if not setting or os.path.isabs(setting) or "://" in setting:
+    return setting
+  return os.path.join(workdir, setting)
 
 
 def enable_compilation_cache(directory: str, min_compile_seconds: float = 1.0) -> str:
