@@ -107,10 +107,14 @@ class TokenizerSpec:
   kind: str
   path: str
   do_lower_case: bool = True
+  # WordPiece's variant: "original" (the original release's FullTokenizer)
+  # or "hf" (transformers.BertTokenizer); see tokenization.py.
+  compat: str = "original"
 
   def load(self):
     from bertjax.text import tokenization  # pylint: disable=g-import-not-at-top
-    return tokenization.load_tokenizer(self.kind, self.path, self.do_lower_case)
+    return tokenization.load_tokenizer(self.kind, self.path, self.do_lower_case,
+                                       self.compat)
 
 
 

@@ -25,6 +25,7 @@ from bertjax.create import mapper
 from bertjax.create import partition
 from bertjax.create import records
 from bertjax.create import spills
+from bertjax.records import fileio
 
 _WORKER = {}
 
@@ -59,9 +60,7 @@ def read_done(work_dir: str, kind: str, index: int):
 
 def _finish(work_dir: str, kind: str, index: int, result: dict) -> dict:
   path = task_dir(work_dir, kind, index) + ".json"
-  with open(path + ".tmp", "w") as f:
-    json.dump(result, f)
-  os.replace(path + ".tmp", path)
+  fileio.write_text(path, json.dumps(result))
   return result
 
 
