@@ -146,10 +146,9 @@ def iter_located_documents(shard: InputShard, report: collections.Counter
         done += f.stored_bytes_read
       if not data:
         report["empty_input_files"] += 1
-      paragraphs = [p.strip() for p in _decode_text(data, report).splitlines()]
-      paragraphs = [p for p in paragraphs if p]
-      if paragraphs:
-        yield source, 0, _split_document(paragraphs, report), done
+      sentences = _text_document(data, report)
+      if sentences:
+        yield source, 0, sentences, done
       continue
     read = 0
     for offset, block, read in _file_blocks(path, shard.byte_range, report):
@@ -159,9 +158,11 @@ def iter_located_documents(shard: InputShard, report: collections.Counter
     done += read
 
 
-def _open(path: str):
+def _open(path: str, stored: bool = False):
+  """A reader of an input file: decompressed (fileio.open_read), or with
+  `stored` the bytes as stored, for reads of byte ranges."""
   try:
-    return fileio.open_read(path)
+    return fileio.open_binary(path) if stored else fileio.open_read(path)
   except OSError as e:
     raise ValueError(f"--input_file: cannot read {path}: {e}") from e
 
@@ -177,11 +178,7 @@ def _file_blocks(path: str, byte_range: tuple[int, ...], report
         report["empty_input_files"] += 1
     return
   start, end = byte_range
-  try:
-    f = fileio.open_binary(path)
-  except OSError as e:
-    raise ValueError(f"--input_file: cannot read {path}: {e}") from e
-  with f:
+  with _open(path, stored=True) as f:
     blank, pos = _first_blank_line(f, start)
     if blank < end:  # Else the documents after it are the next range's.
       for offset, block in _blocks(iter(f.readline, b""), pos, end, report):
@@ -242,6 +239,12 @@ def _decode_text(data: bytes, report) -> str:
     return text
 
 
+def _text_document(data: bytes, report) -> list[str]:
+  """Sentences of a document given as raw text, one paragraph a line."""
+  paragraphs = [p.strip() for p in _decode_text(data, report).splitlines()]
+  return _split_document([p for p in paragraphs if p], report)
+
+
 def _split_document(paragraphs: list[str], report) -> list[str]:
   """Sentences of a document given as paragraphs of raw text."""
   sentences = []
@@ -268,10 +271,9 @@ def _iter_tfds_documents(shard: InputShard, report
       raise ValueError(f"--tfds_feature={shard.tfds_feature}: not in "
                        f"{shard.tfds_name} (has {sorted(example)}).")
     n += 1
-    text = _decode_text(example[shard.tfds_feature], report)
-    paragraphs = [p.strip() for p in text.splitlines() if p.strip()]
-    if paragraphs:
-      yield _split_document(paragraphs, report), n
+    sentences = _text_document(example[shard.tfds_feature], report)
+    if sentences:
+      yield sentences, n
     else:
       report["empty_documents_skipped"] += 1
 

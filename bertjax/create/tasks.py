@@ -54,8 +54,7 @@ def read_done(work_dir: str, kind: str, index: int):
   path = task_dir(work_dir, kind, index) + ".json"
   if not os.path.exists(path):
     return None
-  with open(path) as f:
-    return json.load(f)
+  return json.loads(fileio.read_text(path))
 
 
 def _finish(work_dir: str, kind: str, index: int, result: dict) -> dict:

@@ -4,9 +4,11 @@ Every module that touches a data, checkpoint-side or export file goes
 through here, so each path scheme and each write rule is written once:
 
 * A path with "://" in it is remote and goes through `tf.io.gfile`
-  (TensorFlow is imported only then), or through the file system registered
-  for its scheme with `register_filesystem`; anything else is local and uses
-  the standard library.
+  (TensorFlow is imported only then, by `tensorflow()`, which hides every
+  accelerator from it; tf.data input and TF1 checkpoints use the same
+  import), or through the file system registered for its scheme with
+  `register_filesystem`; anything else is local and uses the standard
+  library.
 * `glob` leaves out temporaries (hidden names, and names with a `.tmp` or
   `.tmp-PID` part, which interrupted writes leave behind), so a pattern such
   as `dir/*` matches only finished files.
@@ -56,12 +58,34 @@ def is_remote(path: str) -> bool:
   return "://" in path
 
 
+_tf_module = None
+
+
+def tensorflow():
+  """TensorFlow, imported on first use with every accelerator hidden from it
+  (bertjax uses it for files, tf.data and TF1 checkpoints, never for compute
+  on a device, whose memory it leaves to JAX)."""
+  global _tf_module
+  if _tf_module is None:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    for kind in ("GPU", "TPU"):
+      try:
+        tf.config.set_visible_devices([], kind)
+      except (RuntimeError, ValueError):  # Already initialised, or no such kind.
+        pass
+    if tf.config.get_visible_devices("GPU"):
+      logging.warning("TensorFlow was initialised elsewhere first and sees GPUs; "
+                      "call tf.config.set_visible_devices([], 'GPU') before any "
+                      "other TensorFlow use so that it leaves their memory to JAX.")
+    _tf_module = tf
+  return _tf_module
+
+
 def _gfile(path: str = ""):
   registered = _FILESYSTEMS.get(path.split("://", 1)[0]) if "://" in path else None
   if registered is not None:
     return registered
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return tf.io.gfile
+  return tensorflow().io.gfile
 
 
 _TEMPORARY = re.compile(r"\.tmp(-\d+)?(\.|$)")
