@@ -29,6 +29,10 @@ setuptools.setup(
         "tqdm>=4.60",
         # TFRecord CRC checks when the input pipeline reads records by offset.
         "google-crc32c>=1.5",
+        # Fine-tuning metrics by their official definitions (GLUE, CoNLL-2003 spans).
+        "scikit-learn>=1.3",
+        "scipy>=1.10",
+        "seqeval>=1.2",
         # Hugging Face weights (model.safetensors) in the export and init_from.
         "safetensors>=0.4",
     ],

@@ -1,5 +1,8 @@
 """Pretrains BERT: python -m bertjax.main --config=configs/base.py --workdir=DIR.
 
+With the demo config (configs/tiny.py, the default) it also builds the demo
+data first and runs the demo's downstream fine-tuning step afterwards.
+
 Any config field can be overridden, e.g. --config.total_steps=1000 or
 --config.phases.seq128.global_batch_size=512.
 """
@@ -12,6 +15,7 @@ from absl import logging
 import jax
 from ml_collections import config_flags
 
+from bertjax import downstream
 from bertjax.convert.weights import load_weights
 from bertjax.create import demo
 from bertjax.train import loop
@@ -45,7 +49,11 @@ def main(argv):
                jax.process_count(), jax.device_count(), jax.devices()[0].device_kind)
   config = _CONFIG.value
   demo.prepare_config(config, _WORKDIR.value)  # Builds the demo data if the config asks.
-  loop.train_and_evaluate(config, _WORKDIR.value, weights_loader=load_weights)
+  summary = loop.train_and_evaluate(config, _WORKDIR.value, weights_loader=load_weights)
+  if config.data.demo_dir and "preempted_at_step" not in summary:
+    # The demo's downstream step: fine-tunes from the pretrained checkpoint and from
+    # random initialisation; both dev scores go into WORKDIR/summary.json.
+    downstream.demo_downstream(_WORKDIR.value)
 
 
 def run():

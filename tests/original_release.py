@@ -10,6 +10,9 @@ which would clash with other tests' flags in the pytest process.
   python original_release.py read MAX_SEQ MAX_PRED OUT_NPZ FILE...
       The release's pretraining input_fn (run_pretraining.input_fn_builder,
       evaluation mode): every whole batch of 8 it yields, as arrays.
+  python original_release.py classify TASK DATA_DIR VOCAB MAX_SEQ OUT_NPZ
+      The release's run_classifier: TASK's (cola, mnli, mrpc) dev examples
+      as its processor reads them and convert_examples_to_features makes them.
 """
 
 import json
@@ -64,6 +67,23 @@ def read(max_seq, max_pred, out_npz, files):
   np.savez(out_npz, **{k: np.concatenate(v) for k, v in out.items()})
 
 
+def classify(task, data_dir, vocab, max_seq, out_npz):
+  for name in ("bert.modeling", "bert.optimization"):
+    sys.modules[name] = types.ModuleType(name)
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from bert import run_classifier  # pylint: disable=g-import-not-at-top
+  from bert import tokenization  # pylint: disable=g-import-not-at-top
+  flags.FLAGS.mark_as_parsed()
+  processor = {"cola": run_classifier.ColaProcessor, "mnli": run_classifier.MnliProcessor,
+               "mrpc": run_classifier.MrpcProcessor}[task]()
+  examples = processor.get_dev_examples(data_dir)
+  features = run_classifier.convert_examples_to_features(
+      examples, processor.get_labels(), int(max_seq),
+      tokenization.FullTokenizer(vocab, do_lower_case=True))
+  np.savez(out_npz, **{k: np.array([getattr(f, k) for f in features])
+                       for k in ("input_ids", "input_mask", "segment_ids", "label_id")})
+
+
 if __name__ == "__main__":
   command, args = sys.argv[1], sys.argv[2:]
   if command == "tokenize":
@@ -72,5 +92,7 @@ if __name__ == "__main__":
     tokenize_cases(*args)
   elif command == "read":
     read(args[0], args[1], args[2], args[3:])
+  elif command == "classify":
+    classify(*args)
   else:
     raise SystemExit(f"unknown command {command!r}")

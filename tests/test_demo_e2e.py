@@ -1,8 +1,10 @@
 """The README's main command end to end, with fewer steps: demo data, both
 phases, held-out evaluation, checkpoints, a rerun that finds the run complete,
-and the export that transformers loads for fine-tuning."""
+the export that transformers loads for fine-tuning, and the downstream step
+(fine-tuning from the demo checkpoint and from random initialisation)."""
 
 import glob
+import json
 import os
 import subprocess
 import sys
@@ -98,3 +100,20 @@ def test_export_loads_in_transformers_with_the_same_outputs(run, tmp_path):
       {"params": params}, ids, mask, segments, positions, deterministic=True)
   np.testing.assert_allclose(ours["nsp_logits"], hf_out.seq_relationship_logits, atol=1e-4)
   np.testing.assert_allclose(ours["mlm_logits"], hf_out.prediction_logits, atol=1e-4)
+
+
+def test_downstream_step_fine_tunes_from_the_checkpoint_and_from_random_init(run):
+  from bertjax import downstream  # pylint: disable=g-import-not-at-top
+  workdir, _ = run
+  config = downstream.demo_config()
+  config.num_train_pairs, config.num_dev_pairs = 64, 40  # Two steps of 32 per run.
+  config.num_epochs = 1.0
+  result = downstream.demo_downstream(workdir, config)
+  with open(os.path.join(workdir, "summary.json"), encoding="utf-8") as f:
+    assert json.load(f)["downstream"] == result
+  assert result["steps"] == 2 and result["task"] == "same_document"
+  for init in ("pretrained", "random_init"):
+    dev = result[init]["dev"]
+    assert dev["num_examples"] == 40 and 0.0 <= dev["accuracy"] <= 1.0
+    assert os.path.exists(os.path.join(workdir, "downstream", init, "results.json"))
+  assert result["init_from"] == os.path.join(workdir, "checkpoints")

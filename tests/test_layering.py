@@ -19,6 +19,7 @@ _ALLOWED = {
     "input": {"records", "input"},
     "model": {"model"},
     "train": {"records", "input", "model", "train"},
+    "tasks": {"records", "text", "input", "model", "train", "tasks"},
     "convert": {"records", "text", "model", "train", "convert"},
 }
 
@@ -27,6 +28,7 @@ def test_model_and_train_step_import_without_tensorflow():
   code = ("import sys\n"
           "import bertjax.model.bert, bertjax.train.step, bertjax.train.state\n"
           "import bertjax.train.loop, bertjax.benchmark\n"
+          "import bertjax.model.heads, bertjax.tasks.step\n"
           "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
           "('tensorflow', 'tensorflow_datasets'))\n"
           "print(bad[:5]); sys.exit(1 if bad else 0)\n")

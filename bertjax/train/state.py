@@ -41,22 +41,28 @@ def init_params(model: BertForPreTraining, rng, seq_len: int = 8, num_pred: int 
                     b["masked_lm_positions"], deterministic=True)["params"]
 
 
-def _boxed_state(model, tx, rng) -> TrainState:
+# (model, rng) -> boxed parameters; init_params for the pretraining model.
+InitFn = Callable[[nn.Module, Any], Any]
+
+
+def _boxed_state(model, tx, rng, init: InitFn = init_params) -> TrainState:
   # Optimizer moments built from boxed parameters carry the same logical
   # axis names, so one get_partition_spec covers the whole state.
-  boxed = init_params(model, rng)
+  boxed = init(model, rng)
   return TrainState(step=jnp.zeros([], jnp.int32), params=boxed,
                     opt_state=tx.init(boxed), apply_fn=model.apply, tx=tx)
 
 
 def abstract_train_state(model: BertForPreTraining, tx: optax.GradientTransformation,
-                         mesh, axis_rules) -> tuple[TrainState, TrainState]:
+                         mesh, axis_rules, init: InitFn = init_params
+                         ) -> tuple[TrainState, TrainState]:
   """Shapes, dtypes and shardings of the state, without allocating it.
 
   Returns (abstract state of jax.ShapeDtypeStructs carrying their sharding,
-  the state's shardings).
+  the state's shardings). `init` makes the model's boxed parameters (another
+  model, e.g. a fine-tuning head, brings its own).
   """
-  boxed = jax.eval_shape(lambda: _boxed_state(model, tx, jax.random.key(0)))
+  boxed = jax.eval_shape(lambda: _boxed_state(model, tx, jax.random.key(0), init))
   shardings = sharding_lib.logical_to_sharding(
       nn.get_partition_spec(boxed), mesh, axis_rules)
   is_box = lambda x: isinstance(x, nn.meta.AxisMetadata)
@@ -68,16 +74,17 @@ def abstract_train_state(model: BertForPreTraining, tx: optax.GradientTransforma
 
 
 def create_train_state(model: BertForPreTraining, tx: optax.GradientTransformation,
-                       mesh, axis_rules, rng, params=None) -> tuple[TrainState, Any]:
+                       mesh, axis_rules, rng, params=None, init: InitFn = init_params
+                       ) -> tuple[TrainState, Any]:
   """A sharded TrainState and its shardings.
 
   With `params` (e.g. converted weights) the state starts from them, placed
   on the mesh by the same rules; otherwise parameters are initialised.
   """
-  abstract, shardings = abstract_train_state(model, tx, mesh, axis_rules)
+  abstract, shardings = abstract_train_state(model, tx, mesh, axis_rules, init)
 
   def make(rng, given):
-    state = nn.unbox(_boxed_state(model, tx, rng))
+    state = nn.unbox(_boxed_state(model, tx, rng, init))
     if given is None:
       return state
     return state.replace(params=given, opt_state=tx.init(given))

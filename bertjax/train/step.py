@@ -99,13 +99,21 @@ def train_step(state: TrainState, batch: Batch, rng, *, grad_accum_steps: int = 
     (grads, sums), _ = jax.lax.scan(
         body, (zeros_g, zeros_s), (micro_batches, jnp.arange(grad_accum_steps)))
 
+  return apply_gradients(state, grads, _summarise(sums))
+
+
+def apply_gradients(state: TrainState, grads, metrics: dict[str, jax.Array]
+                    ) -> tuple[TrainState, dict[str, Any]]:
+  """The optimizer update, guarded against a non-finite metrics["loss"] or gradient.
+
+  Adds grad_norm, param_norm and `finite` to `metrics`. A non-finite loss or
+  gradient leaves parameters and optimizer state as they were; the loop sees
+  `finite` and stops with the step's number, so a non-finite state never
+  exists to be checkpointed.
+  """
   updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
-  metrics = _summarise(sums)
-  metrics["grad_norm"] = optax.tree.norm(grads)
-  # A non-finite loss or gradient leaves parameters and optimizer state as
-  # they were; the loop sees `finite` and stops with the step's number, so a
-  # non-finite state never exists to be checkpointed.
+  metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
   finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
   keep = lambda new, old: jnp.where(finite, new, old)
   params = jax.tree.map(keep, params, state.params)

@@ -1,0 +1,41 @@
+"""Fine-tunes BERT on a downstream task:
+
+  python -m bertjax.finetune --config=configs/finetune/glue.py --config.task=mrpc \
+      --config.init_from=WORKDIR/checkpoints --config.vocab_file=DATA/vocab.txt \
+      --config.data_dir=glue_data/MRPC --workdir=DIR
+
+writes checkpoints, TensorBoard events and DIR/results.json (final dev
+metrics). --config.sweep.enabled runs the learning-rate grid (and seeds),
+one run per subdirectory, and DIR/results.json reports the best with every
+run's figures.
+"""
+
+from absl import app
+from absl import flags
+from absl import logging
+import jax
+from ml_collections import config_flags
+
+from bertjax import downstream
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Fine-tuning config file (configs/finetune/glue.py, ...).",
+    lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, TensorBoard events and "
+                               "results.json go here (local path or gs://).", required=True)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  logging.info("JAX process %d of %d, %d devices (%s).", jax.process_index(),
+               jax.process_count(), jax.device_count(), jax.devices()[0].device_kind)
+  downstream.finetune(_CONFIG.value, _WORKDIR.value)
+
+
+def run():
+  app.run(main)
+
+
+if __name__ == "__main__":
+  run()

@@ -1,0 +1,79 @@
+"""Fine-tuning heads on the BERT encoder, as in the paper and the original release.
+
+Each model holds the encoder under "bert" (BertModel's tree, so pretrained
+weights drop in) and one dense head; kernels are [in, out]:
+  BertForSequenceClassification  classifier [D, num_labels] on the pooled [CLS]
+                                 output (num_labels=1: regression)
+  BertForTokenClassification     classifier [D, num_labels] on every token
+  BertForMultipleChoice          classifier [D, 1] on each choice's pooled output
+  BertForQuestionAnswering       qa_outputs [D, 2] on every token (start, end)
+Dropout (the encoder's hidden_dropout_rate) precedes the classifiers; the
+question-answering head has none, as in the original run_squad. Logits are fp32.
+"""
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from bertjax.model.bert import BertModel
+from bertjax.model.config import BertConfig
+from bertjax.model.layers import dense
+
+
+class BertForSequenceClassification(nn.Module):
+  """Logits [B, num_labels] from the pooled [CLS] output."""
+  config: BertConfig
+  num_labels: int
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True):
+    c = self.config
+    _, pooled_BxD = BertModel(c, name="bert")(input_ids, input_mask, segment_ids,
+                                              deterministic)
+    pooled_BxD = nn.Dropout(c.hidden_dropout_rate)(pooled_BxD, deterministic=deterministic)
+    logits = dense(c, self.num_labels, ("hidden", "classes"), "classifier")(pooled_BxD)
+    return logits.astype(jnp.float32)
+
+
+class BertForTokenClassification(nn.Module):
+  """Logits [B, L, num_labels], one per token."""
+  config: BertConfig
+  num_labels: int
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True):
+    c = self.config
+    seq_BxLxD, _ = BertModel(c, name="bert")(input_ids, input_mask, segment_ids,
+                                             deterministic)
+    seq_BxLxD = nn.Dropout(c.hidden_dropout_rate)(seq_BxLxD, deterministic=deterministic)
+    logits = dense(c, self.num_labels, ("embed", "classes"), "classifier")(seq_BxLxD)
+    return logits.astype(jnp.float32)
+
+
+class BertForMultipleChoice(nn.Module):
+  """Inputs [B, C, L] (C choices) -> one score per choice, [B, C]."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True):
+    c = self.config
+    batch, choices, length = input_ids.shape
+    flat = lambda x: x.reshape(batch * choices, length)
+    _, pooled_BCxD = BertModel(c, name="bert")(
+        flat(input_ids), flat(input_mask), flat(segment_ids), deterministic)
+    pooled_BCxD = nn.Dropout(c.hidden_dropout_rate)(pooled_BCxD, deterministic=deterministic)
+    scores_BCx1 = dense(c, 1, ("hidden", "classes"), "classifier")(pooled_BCxD)
+    return scores_BCx1.astype(jnp.float32).reshape(batch, choices)
+
+
+class BertForQuestionAnswering(nn.Module):
+  """(start_logits [B, L], end_logits [B, L]) of the answer span."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True):
+    c = self.config
+    seq_BxLxD, _ = BertModel(c, name="bert")(input_ids, input_mask, segment_ids,
+                                             deterministic)
+    logits_BxLx2 = dense(c, 2, ("embed", "classes"), "qa_outputs")(seq_BxLxD)
+    logits_BxLx2 = logits_BxLx2.astype(jnp.float32)
+    return logits_BxLx2[..., 0], logits_BxLx2[..., 1]

@@ -1,0 +1,87 @@
+"""CoNLL-2003 named entities: BIO text -> per-token labels; span F1 with seqeval.
+
+Files: train.txt and valid.txt (the dev split) in the shared-task layout, one
+"word POS chunk NER" line per word, a blank line between sentences and
+-DOCSTART- lines between documents. As in the paper, each word's first
+sub-token carries its label (label_weights 1) and the other sub-tokens are
+ignored (no CRF). Words past max_seq_length are predicted "O", so every word
+of the dev set counts in the score.
+"""
+
+import functools
+import os
+
+import numpy as np
+
+from bertjax.records import fileio
+from bertjax.tasks import metrics
+from bertjax.tasks.split import Split, label_ids
+
+LABELS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
+FILES = {"train": "train.txt", "dev": "valid.txt"}
+
+
+def read_sentences(path: str) -> tuple[list[list[str]], list[list[str]], list[list[str]]]:
+  """(words, tags, "path:line" of each word) per sentence."""
+  sentences, words, tags, where = [], [], [], []
+  for line_no, line in enumerate(fileio.read_text(path).splitlines() + [""], start=1):
+    parts = line.split()
+    if not parts or parts[0] == "-DOCSTART-":
+      if words:
+        sentences.append((words, tags, where))
+        words, tags, where = [], [], []
+      continue
+    if len(parts) < 2:
+      raise ValueError(f"{path}:{line_no}: expected 'word ... tag', got {line!r}")
+    words.append(parts[0])
+    tags.append(parts[-1])
+    where.append(f"{path}:{line_no}")
+  return ([s[0] for s in sentences], [s[1] for s in sentences], [s[2] for s in sentences])
+
+
+def encode(tokenizer, words: list[list[str]], tag_ids: list[np.ndarray], max_seq_length: int):
+  """Arrays for the model plus each word's first sub-token position (-1: truncated)."""
+  flat = [w for sentence in words for w in sentence]
+  pieces = iter(tokenizer.encode_batch(flat))
+  n = len(words)
+  cls, sep, unk = (tokenizer.special_ids[k] for k in ("cls", "sep", "unk"))
+  arrays = {k: np.zeros((n, max_seq_length), np.int32)
+            for k in ("input_ids", "input_mask", "segment_ids", "labels")}
+  arrays["label_weights"] = np.zeros((n, max_seq_length), np.float32)
+  arrays["input_ids"][:] = tokenizer.special_ids["pad"]
+  first_positions = []
+  for i, sentence in enumerate(words):
+    ids, positions = [cls], []
+    for j in range(len(sentence)):
+      word_ids = next(pieces) or [unk]
+      room = max_seq_length - 1 - len(ids)
+      positions.append(len(ids) if room > 0 else -1)
+      if room > 0:
+        arrays["labels"][i, len(ids)] = tag_ids[i][j]
+        arrays["label_weights"][i, len(ids)] = 1.0
+        ids.extend(word_ids[:room])
+    ids.append(sep)
+    arrays["input_ids"][i, :len(ids)] = ids
+    arrays["input_mask"][i, :len(ids)] = 1
+    first_positions.append(np.array(positions, np.int64))
+  return arrays, first_positions
+
+
+def score(gold: list[list[str]], first_positions, logits_NxLxC) -> dict[str, float]:
+  predicted_ids = np.argmax(logits_NxLxC, axis=-1)
+  predicted = [[LABELS[predicted_ids[i, p]] if p >= 0 else "O" for p in positions]
+               for i, positions in enumerate(first_positions)]
+  return metrics.span_f1(gold, predicted)
+
+
+def load(split: str, tokenizer, config) -> Split:
+  if split not in FILES:
+    raise ValueError(f"task conll2003 has no split {split!r}; splits: {sorted(FILES)}")
+  path = os.path.join(config.data_dir, FILES[split])
+  if not config.data_dir or not fileio.exists(path):
+    raise FileNotFoundError(f"--config.data_dir={config.data_dir}: no {FILES[split]} "
+                            "(CoNLL-2003 train.txt and valid.txt)")
+  words, tags, where = read_sentences(path)
+  tag_ids = [label_ids(t, LABELS, w, "conll2003") for t, w in zip(tags, where)]
+  arrays, first_positions = encode(tokenizer, words, tag_ids, config.max_seq_length)
+  return Split(split, arrays, functools.partial(score, tags, first_positions))

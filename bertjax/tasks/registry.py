@@ -1,0 +1,87 @@
+"""Every fine-tuning task by name: its kind, label count, dev splits, data and head."""
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from bertjax.model import heads
+from bertjax.model.config import BertConfig
+from bertjax.tasks import conll
+from bertjax.tasks import glue
+from bertjax.tasks import same_document
+from bertjax.tasks import squad
+from bertjax.tasks import swag
+from bertjax.tasks.split import Split
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """`load(split, tokenizer, config)` reads one split ("train" or a dev split name)
+  with the fine-tuning config's data fields (data_dir, tfds_data_dir, max_seq_length)."""
+  name: str
+  kind: str  # One of tasks.step.KINDS.
+  num_labels: int  # Classifier outputs (1 for regression and multiple choice).
+  dev_splits: tuple[str, ...]
+  primary: str  # The dev metric a sweep picks its best run by (first dev split).
+  load: Callable[[str, Any, Any], Split]
+  num_choices: int = 0  # Multiple choice only.
+  labels: tuple[str, ...] = ()  # Label names in output order (classification, token).
+  configure: Optional[Callable[[Any], None]] = None  # Fills task defaults into the config.
+
+
+def _glue(t: glue.GlueTask) -> Task:
+  def load(split, tokenizer, config):
+    return glue.load(t, split, tokenizer, config.max_seq_length, config.data_dir,
+                     config.tfds_data_dir)
+  return Task(t.name, t.kind, max(len(t.labels), 1), tuple(t.dev), t.primary, load,
+              labels=t.labels)
+
+
+TASKS: dict[str, Task] = {name: _glue(t) for name, t in glue.TASKS.items()}
+TASKS["conll2003"] = Task("conll2003", "token", len(conll.LABELS), ("dev",), "f1", conll.load,
+                          labels=conll.LABELS)
+TASKS["swag"] = Task("swag", "multiple_choice", 1, ("dev",), "accuracy", swag.load,
+                     num_choices=swag.NUM_CHOICES)
+TASKS["squad"] = Task("squad", "span", 2, ("dev",), "f1", squad.load,
+                      configure=squad.apply_version_defaults)
+TASKS["same_document"] = Task("same_document", "classification", 2, ("dev",), "accuracy",
+                              same_document.load, labels=same_document.LABELS)
+
+
+# Task kind -> the head type exports read from a checkpoint's meta.
+HEAD_TYPES = {"classification": "sequence_classification",
+              "regression": "sequence_classification",
+              "token": "token_classification", "multiple_choice": "multiple_choice",
+              "span": "question_answering"}
+
+
+def get_task(name: str) -> Task:
+  if name not in TASKS:
+    raise ValueError(f"--config.task={name!r}: unknown task; tasks: {sorted(TASKS)}")
+  return TASKS[name]
+
+
+def model_for(task: Task, config: BertConfig) -> nn.Module:
+  """The head model the task trains."""
+  if task.kind in ("classification", "regression"):
+    return heads.BertForSequenceClassification(config, num_labels=task.num_labels)
+  if task.kind == "token":
+    return heads.BertForTokenClassification(config, num_labels=task.num_labels)
+  if task.kind == "multiple_choice":
+    return heads.BertForMultipleChoice(config)
+  if task.kind == "span":
+    return heads.BertForQuestionAnswering(config)
+  raise ValueError(f"task {task.name}: kind {task.kind!r} has no head")
+
+
+def init_fn(task: Task, max_seq_length: int):
+  """(model, rng) -> boxed parameters, for train.state's abstract and real init."""
+  shape = (1, task.num_choices, max_seq_length) if task.kind == "multiple_choice" else (
+      1, max_seq_length)
+
+  def init(model, rng):
+    ids = jnp.zeros(shape, jnp.int32)
+    return model.init({"params": rng}, ids, ids, ids, deterministic=True)["params"]
+  return init

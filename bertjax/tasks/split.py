@@ -1,0 +1,39 @@
+"""One split of a task's data, ready for the model, and how its predictions score."""
+
+import dataclasses
+from typing import Any, Callable
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class Split:
+  """`arrays`: model inputs and labels, leading axis one row per example
+  (input_ids, input_mask, segment_ids, labels, ...). `score(outputs)` turns the
+  model's outputs for every row, in order, into metrics; `extra` holds what a
+  task's scoring needs besides. With `writes_outputs`, score also takes
+  output_dir= (the run's workdir) and writes its prediction files there."""
+  name: str
+  arrays: dict[str, np.ndarray]
+  score: Callable[..., dict[str, float]]
+  extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+  writes_outputs: bool = False
+
+  def __len__(self) -> int:
+    return len(next(iter(self.arrays.values())))
+
+
+class LabelError(ValueError):
+  pass
+
+
+def label_ids(labels: list, known: tuple[str, ...], where: list[str], task: str) -> np.ndarray:
+  """Label strings -> their index in `known`; a label outside it names its file and line."""
+  index = {label: i for i, label in enumerate(known)}
+  out = np.empty(len(labels), np.int32)
+  for i, label in enumerate(labels):
+    if label not in index:
+      raise LabelError(f"{where[i]}: label {label!r} is not one of task {task}'s labels "
+                       f"{list(known)}")
+    out[i] = index[label]
+  return out

@@ -1,0 +1,82 @@
+"""SQuAD v1.1 and v2.0 as a fine-tuning task: data in, EM/F1 and prediction files out.
+
+Reads SQuAD JSON from data_dir (train-v1.1.json, dev-v1.1.json or the -v2.0
+files) or TFDS `squad/v1.1`, `squad/v2.0` when data_dir is empty; features
+with the original run_squad's max_seq_length, doc_stride and
+max_query_length (squad_data). Dev scoring runs the original's n-best
+post-processing and the official evaluation (squad_postprocess, squad_eval)
+and writes predictions.json, nbest_predictions.json and, for v2.0,
+null_odds.json to the run's workdir; v2.0 results include the best
+null_score_diff_threshold found on dev.
+"""
+
+import os
+
+import numpy as np
+from absl import logging
+
+from bertjax.records import fileio
+from bertjax.tasks import squad_data
+from bertjax.tasks import squad_eval
+from bertjax.tasks.split import Split
+
+VERSIONS = ("1.1", "2.0")
+# The paper's settings per version, taken where the config leaves 0.
+PAPER = {"1.1": {"num_epochs": 3.0, "global_batch_size": 32},
+         "2.0": {"num_epochs": 2.0, "global_batch_size": 48}}
+
+
+def apply_version_defaults(config) -> None:
+  """Fills num_epochs and global_batch_size left at 0 with the paper's for the version."""
+  if config.version not in VERSIONS:
+    raise ValueError(f"--config.version={config.version!r}: must be one of {VERSIONS}")
+  for field, value in PAPER[config.version].items():
+    if not config[field]:
+      config[field] = value
+
+
+def _articles(split: str, config) -> list[dict]:
+  version = config.version
+  if config.data_dir:
+    name = f"{'train' if split == 'train' else 'dev'}-v{version}.json"
+    path = os.path.join(config.data_dir, name)
+    if not fileio.exists(path):
+      raise FileNotFoundError(f"--config.data_dir={config.data_dir}: no {name} "
+                              f"(SQuAD v{version} JSON)")
+    return squad_data.load_articles(path)[0]
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  ds = tfds.load(f"squad/v{version}", split="train" if split == "train" else "validation",
+                 data_dir=config.tfds_data_dir or None, shuffle_files=False)
+  return squad_data.load_articles(tfds.as_numpy(ds))[0]
+
+
+def load(split: str, tokenizer, config) -> Split:
+  if split not in ("train", "dev"):
+    raise ValueError(f"task squad has no split {split!r}; splits: ['dev', 'train']")
+  apply_version_defaults(config)
+  version_2 = config.version == "2.0"
+  articles = _articles(split, config)
+  training = split == "train"
+  examples, skipped = squad_data.read_squad_examples(articles, training, version_2)
+  features = squad_data.convert_examples_to_features(
+      examples, tokenizer, config.max_seq_length, config.doc_stride,
+      config.max_query_length, is_training=training)
+  arrays = squad_data.features_to_arrays(features)
+  del arrays["unique_ids"]
+  logging.info("SQuAD v%s %s: %d questions (%d skipped), %d features.", config.version,
+               split, len(examples), skipped, len(features))
+  if training:
+    return Split(split, arrays, _no_score, extra={"skipped": skipped})
+
+  def score(outputs, output_dir=None):
+    start_logits, end_logits = (np.asarray(x) for x in outputs)
+    return squad_eval.evaluate_logits(
+        articles, examples, features, start_logits, end_logits, version_2=version_2,
+        output_dir=output_dir, n_best_size=config.n_best_size,
+        max_answer_length=config.max_answer_length, do_lower_case=config.do_lower_case,
+        null_score_diff_threshold=config.null_score_diff_threshold)
+  return Split(split, arrays, score, writes_outputs=True)
+
+
+def _no_score(outputs):
+  raise ValueError("the SQuAD training split is not scored")

@@ -1,0 +1,93 @@
+"""The pure fine-tuning steps: train_step(state, batch, rng) and predict_step(state, batch).
+
+One loss per kind of task, each a mean over real examples (weights 1) that
+padding rows (weights 0) do not touch:
+  classification   softmax cross entropy over the labels
+  regression       squared error of the single output
+  token            cross entropy over the tokens with label_weights 1 (each
+                   word's first sub-token)
+  multiple_choice  cross entropy over the choices
+  span             (start cross entropy + end cross entropy) / 2
+The optimizer update is train.step.apply_gradients, the one pretraining uses.
+"""
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from bertjax.tasks.batches import WEIGHT_KEY
+from bertjax.train import sharding as sharding_lib
+from bertjax.train import step as step_lib
+from bertjax.train.state import TrainState
+
+KINDS = ("classification", "regression", "token", "multiple_choice", "span")
+
+
+def forward(params, apply_fn, batch, rng=None, deterministic: bool = True):
+  return apply_fn({"params": params}, batch["input_ids"], batch["input_mask"],
+                  batch["segment_ids"], deterministic=deterministic,
+                  rngs=None if deterministic else {"dropout": rng})
+
+
+def loss_and_hits(kind: str, outputs, batch) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(weighted loss sum, weighted sum of correct predictions, total weight)."""
+  w_B = batch[WEIGHT_KEY]
+  if kind in ("classification", "multiple_choice"):
+    nll_B = optax.softmax_cross_entropy_with_integer_labels(outputs, batch["labels"])
+    hits_B = jnp.argmax(outputs, -1) == batch["labels"]
+    return jnp.sum(nll_B * w_B), jnp.sum(hits_B * w_B), jnp.sum(w_B)
+  if kind == "regression":
+    err_B = outputs[:, 0] - batch["labels"]
+    return jnp.sum(jnp.square(err_B) * w_B), jnp.zeros([]), jnp.sum(w_B)
+  if kind == "token":
+    w_BxL = batch["label_weights"] * w_B[:, None]
+    nll_BxL = optax.softmax_cross_entropy_with_integer_labels(outputs, batch["labels"])
+    hits_BxL = jnp.argmax(outputs, -1) == batch["labels"]
+    return jnp.sum(nll_BxL * w_BxL), jnp.sum(hits_BxL * w_BxL), jnp.sum(w_BxL)
+  if kind == "span":
+    start_BxL, end_BxL = outputs
+    nll_B = (optax.softmax_cross_entropy_with_integer_labels(start_BxL, batch["start_positions"])
+             + optax.softmax_cross_entropy_with_integer_labels(end_BxL, batch["end_positions"]))
+    hits_B = ((jnp.argmax(start_BxL, -1) == batch["start_positions"])
+              & (jnp.argmax(end_BxL, -1) == batch["end_positions"]))
+    return jnp.sum(nll_B * w_B) / 2, jnp.sum(hits_B * w_B), jnp.sum(w_B)
+  raise ValueError(f"task kind {kind!r} is not one of {KINDS}")
+
+
+def train_step(state: TrainState, batch, rng, *, kind: str) -> tuple[TrainState, dict[str, Any]]:
+  """One optimizer step on a global batch. `rng` is the run's base key."""
+  step_rng = jax.random.fold_in(rng, state.step)
+
+  def loss_fn(params):
+    outputs = forward(params, state.apply_fn, batch, step_rng, deterministic=False)
+    loss_sum, hits, weight = loss_and_hits(kind, outputs, batch)
+    weight = jnp.maximum(weight, 1.0)
+    return loss_sum / weight, {"loss": loss_sum / weight, "accuracy": hits / weight}
+
+  grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params)
+  if kind == "regression":
+    metrics.pop("accuracy")
+  return step_lib.apply_gradients(state, grads, metrics)
+
+
+def predict_step(state: TrainState, batch):
+  """The model's outputs (logits) for every row of the batch."""
+  return forward(state.params, state.apply_fn, batch)
+
+
+def jit_steps(state_shardings, mesh, kind: str):
+  """(train_step, predict_step) jitted with explicit shardings; train donates the state.
+
+  Predictions come back replicated, so every host reads the whole global batch.
+  """
+  batch = sharding_lib.batch_sharding(mesh)
+  replicated = sharding_lib.replicated(mesh)
+  train = jax.jit(functools.partial(train_step, kind=kind),
+                  in_shardings=(state_shardings, batch, replicated),
+                  out_shardings=(state_shardings, replicated), donate_argnums=0)
+  predict = jax.jit(predict_step, in_shardings=(state_shardings, batch),
+                    out_shardings=replicated)
+  return train, predict

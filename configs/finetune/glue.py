@@ -1,0 +1,73 @@
+"""Fine-tuning on a GLUE task with the paper's hyperparameters (Devlin et al., 2018).
+
+  python -m bertjax.finetune --config=configs/finetune/glue.py --config.task=mrpc \
+      --config.init_from=WORKDIR/checkpoints --config.vocab_file=DATA/vocab.txt \
+      --config.data_dir=glue_data/MRPC --workdir=DIR
+
+Batch 32, 3 epochs, learning rate from {5e-5, 4e-5, 3e-5, 2e-5} (--config.sweep.enabled
+runs the grid), 10% warmup then linear decay, dropout 0.1. The model fields must
+describe the checkpoint in init_from (BERT-BASE by default).
+"""
+
+import os
+import sys
+
+import ml_collections
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import base  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def get_config() -> ml_collections.ConfigDict:
+  pretraining = base.get_config()
+  config = ml_collections.ConfigDict()
+
+  config.task = "mrpc"  # cola | sst2 | mrpc | stsb | qqp | mnli | qnli | rte | wnli (and the other tasks in bertjax.tasks.registry).
+  config.init_from = ""  # A bertjax pretraining checkpoint dir, a Hugging Face BERT dir or a TF1 checkpoint dir (bert_model.ckpt.*); empty: random init.
+  config.data_dir = ""  # Directory of the task's files (GLUE TSVs: train.tsv, dev.tsv); empty reads TFDS.
+  config.tfds_data_dir = ""  # TFDS data_dir when data_dir is empty; empty: TFDS's default.
+  config.vocab_file = ""  # WordPiece vocab.txt; empty takes init_from/vocab.txt (Hugging Face and TF1 dirs).
+  config.tokenizer = "wordpiece"  # wordpiece | sentencepiece (a .model file in vocab_file).
+  config.do_lower_case = True  # Lower-case and strip accents (uncased models).
+  config.max_seq_length = 128  # [CLS] A [SEP] B [SEP] truncated and padded to this length.
+  config.seed = 0  # Head initialisation, dropout and the training order.
+  config.num_epochs = 3.0  # Passes over the training split.
+  config.global_batch_size = 32  # Training examples per step over all hosts.
+  config.eval_batch_size = 32  # Dev examples per prediction step over all hosts.
+  config.warmup_proportion = 0.1  # Share of the steps with linear warmup; then linear decay to 0.
+  config.random_init_baseline = False  # Also fine-tune from random initialisation with the same budget; report both.
+  config.within_workdir = False  # True: init_from, data_dir and vocab_file are relative to --workdir, runs go to WORKDIR/downstream.
+
+  # The architecture of the checkpoint in init_from (bertjax.model.config.BertConfig).
+  config.model = pretraining.model
+  config.model.vocab_size = 0  # 0 takes the tokenizer's vocab size; must equal the checkpoint's.
+  config.model.hidden_dropout_rate = 0.1  # Dropout on embeddings, sublayers and the classifier input.
+  config.model.attention_dropout_rate = 0.1  # Dropout on attention probabilities.
+
+  # AdamW with decoupled weight decay (not on LayerNorm or biases), as in the original release.
+  config.optimizer = ml_collections.ConfigDict()
+  config.optimizer.name = "adamw"  # adamw | lamb.
+  config.optimizer.learning_rate = 5e-5  # Peak learning rate (the original run_classifier's default).
+  config.optimizer.b1 = 0.9  # Adam beta1.
+  config.optimizer.b2 = 0.999  # Adam beta2.
+  config.optimizer.eps = 1e-6  # Adam epsilon, as in the original release.
+  config.optimizer.weight_decay = 0.01  # Decoupled decay, as in the original release.
+  config.optimizer.bias_correction = True  # False reproduces the original release's Adam.
+  config.optimizer.clip_norm = 1.0  # Global gradient-norm clipping; 0 disables.
+
+  # The paper's grid: run with --config.sweep.enabled to fine-tune once per (rate, seed).
+  config.sweep = ml_collections.ConfigDict()
+  config.sweep.enabled = False  # Run the grid in WORKDIR/lr{rate}_seed{seed} and report the best.
+  config.sweep.learning_rates = (5e-5, 4e-5, 3e-5, 2e-5)  # The paper's learning rates.
+  config.sweep.seeds = (0,)  # Seeds per rate; the paper reran small tasks with several.
+
+  config.mesh = pretraining.mesh  # The device mesh and sharding rules of pretraining.
+
+  config.checkpoint = ml_collections.ConfigDict()
+  config.checkpoint.every_steps = 1000  # Save every this many steps, and always at the end.
+  config.checkpoint.keep = 1  # Keep the latest this many.
+  config.checkpoint.async_save = True  # Write in the background while training goes on.
+
+  config.logging = ml_collections.ConfigDict()
+  config.logging.every_steps = 50  # Console line and TensorBoard scalars every this many steps.
+  return config

@@ -1,0 +1,23 @@
+"""Fine-tuning on CoNLL-2003 named entities (first sub-token of each word labelled, no CRF).
+
+  python -m bertjax.finetune --config=configs/finetune/ner.py \
+      --config.init_from=DIR --config.data_dir=conll2003 --workdir=DIR
+
+data_dir holds train.txt and valid.txt; the dev score is seqeval's span F1.
+"""
+
+import os
+import sys
+
+import ml_collections
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import glue  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = glue.get_config()  # Batch 32, 3 epochs, 10% warmup, dropout 0.1.
+  config.task = "conll2003"  # Token classification over the nine BIO tags.
+  config.do_lower_case = False  # The paper's NER model is cased.
+  config.max_seq_length = 128  # Sub-tokens per sentence with [CLS] and [SEP].
+  return config

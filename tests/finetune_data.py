@@ -1,0 +1,82 @@
+"""Small fine-tuning fixtures: a WordPiece vocab and GLUE-format TSVs.
+
+The pair task is learnable: label 1 when the two sentences share their first
+word. Texts use the fixture vocab's words only.
+"""
+
+import os
+
+import numpy as np
+
+WORDS = [f"word{i}" for i in range(40)] + ["the", "a", "cat", "dog", "runs", "sits"]
+
+
+def write_vocab(path: str) -> str:
+  tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", ",", *WORDS, "##s", "##ing"]
+  with open(path, "w", encoding="utf-8") as f:
+    f.write("\n".join(tokens) + "\n")
+  return path
+
+
+def sentence(rng, first: str) -> str:
+  """`first` then 2 to 11 random words, some with a sub-word suffix."""
+  words = [w + ("ing" if rng.random() < 0.2 else "") for w in rng.choice(WORDS, rng.integers(2, 12))]
+  return " ".join([first, *words])
+
+
+def pair_rows(n: int, seed: int) -> list[tuple[str, str, str]]:
+  """(label, sentence1, sentence2): label "1" when both start with the same word."""
+  rng = np.random.default_rng(seed)
+  rows = []
+  for i in range(n):
+    a = rng.choice(WORDS[:8])
+    same = i % 2 == 0
+    b = a if same else rng.choice([w for w in WORDS[:8] if w != a])
+    rows.append(("1" if same else "0", sentence(rng, a), sentence(rng, b)))
+  return rows
+
+
+def write_mrpc(directory: str, num_train: int = 64, num_dev: int = 24) -> str:
+  """train.tsv and dev.tsv in MRPC's columns: Quality, #1 ID, #2 ID, #1 String, #2 String."""
+  os.makedirs(directory, exist_ok=True)
+  for name, n, seed in (("train.tsv", num_train, 0), ("dev.tsv", num_dev, 1)):
+    lines = ["Quality\t#1 ID\t#2 ID\t#1 String\t#2 String"]
+    lines += [f"{y}\t{i}\t{i + 1}\t{a}\t{b}" for i, (y, a, b) in enumerate(pair_rows(n, seed))]
+    with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
+      f.write("\n".join(lines) + "\n")
+  return directory
+
+
+def _write(path: str, lines: list[str]) -> None:
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "w", encoding="utf-8") as f:
+    f.write("\n".join(lines) + "\n")
+
+
+def write_cola(directory: str, num: int = 20) -> str:
+  """CoLA's headerless train.tsv/dev.tsv: source, label, original mark, sentence."""
+  for name, seed in (("train.tsv", 0), ("dev.tsv", 1)):
+    rows = pair_rows(num, seed)
+    _write(os.path.join(directory, name),
+           [f"src{i}\t{y}\t\t{a}" for i, (y, a, _) in enumerate(rows)])
+  return directory
+
+
+MNLI_LABELS = ("contradiction", "entailment", "neutral")
+
+
+def write_mnli(directory: str, num: int = 20) -> str:
+  """MNLI's train.tsv, dev_matched.tsv, dev_mismatched.tsv (sentences in columns 8, 9;
+  gold label last)."""
+  header = ("index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\t"
+            "sentence2_binary_parse\tsentence1_parse\tsentence2_parse\tsentence1\t"
+            "sentence2\tlabel1\tgold_label")
+  for seed, name in enumerate(("train.tsv", "dev_matched.tsv", "dev_mismatched.tsv")):
+    rows = pair_rows(num, seed)
+    lines = [header]
+    for i, (_, a, b) in enumerate(rows):
+      label = MNLI_LABELS[(i + seed) % 3]
+      lines.append(f"{i}\t{i}\t{i}e\tfiction\t( x )\t( y )\t(ROOT x)\t(ROOT y)\t"
+                   f"{a}\t{b}\t{label}\t{label}")
+    _write(os.path.join(directory, name), lines)
+  return directory
