@@ -99,6 +99,9 @@ def main(argv):
   from bertjax.records import fileio  # pylint: disable=g-import-not-at-top
   if not fileio.exists(_VOCAB_FILE.value):
     raise app.UsageError(f"--vocab_file={_VOCAB_FILE.value}: no such file.")
+  if _TOKENIZER.value != "wordpiece" and _TOKENIZER_COMPAT.value != "original":
+    raise app.UsageError(f"--tokenizer_compat={_TOKENIZER_COMPAT.value}: only "
+                         "--tokenizer=wordpiece has variants.")
   if _NUM_WORKERS.value is not None and _NUM_WORKERS.value < 1:
     raise app.UsageError(f"--num_workers={_NUM_WORKERS.value}: must be >= 1.")
   config = creation.CreationConfig(
