@@ -65,7 +65,12 @@ def _train_source(config, phase, model_config: BertConfig):
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        weights_loader: Optional[WeightsLoader] = None) -> dict[str, Any]:
-  """Runs (or resumes) pretraining in `workdir`; returns the final summary."""
+  """Runs (or resumes) pretraining in `workdir`; returns the final summary.
+
+  `weights_loader` reads `config.init_from` (start.WeightsLoader), e.g.
+  bertjax.convert.weights.load_weights, which reads bertjax checkpoints,
+  Hugging Face model directories and the original release's TF1 checkpoints.
+  """
   quiet_library_logs()
   clock = RunClock()  # Wall time from here: goodput counts startup and restore too.
   run, model, tx, recorded = _setup(config)
