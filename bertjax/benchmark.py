@@ -2,13 +2,18 @@
 
   python -m bertjax.benchmark --config=configs/base.py --phase=seq128 --steps=20
 
-prints compile time, step time, sequences/s, tokens/s and MFU. With
---topology (e.g. v5e:2x2, v4:2x2x1) it instead compiles the step ahead of
-time for that TPU slice on this machine (needs `pip install jax[tpu]` and
-JAX_PLATFORMS=cpu) and prints the per-chip memory the program needs, which
-proves that it compiles and fits before any TPU is booked.
-"""
+prints compile time, step time, sequences/s, tokens/s and utilisation (with
+--compile_cache_dir the compile is loaded from that cache when it holds the
+step). With --topology (e.g. v5e:2x4, v4:2x2x1) it instead compiles the step
+ahead of time for that TPU slice on this machine (needs `pip install
+jax[tpu]` and JAX_PLATFORMS=cpu) and prints the per-device memory the program
+needs, whether it fits the device's HBM, and XLA's FLOPs against the
+analytic count, which proves that it compiles and fits before any TPU is
+booked; --find_max_batch binary-searches the largest per-device batch that
+fits. bertjax/benchmarks/tpu_fit_table.py runs this over configs and slices."""
 
+import dataclasses
+import math
 import time
 
 from absl import app
@@ -18,10 +23,12 @@ import numpy as np
 from ml_collections import config_flags
 
 from bertjax.input.synthetic import SyntheticSource
+from bertjax.model import attention
 from bertjax.model.bert import BertForPreTraining
 from bertjax.records import schema
 from bertjax.train import flops
 from bertjax.train import optimizer as opt_lib
+from bertjax.train import profiling
 from bertjax.train import run_config
 from bertjax.train import sharding as sharding_lib
 from bertjax.train import state as state_lib
@@ -35,20 +42,33 @@ _WARMUP = flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.")
 _TOPOLOGY = flags.DEFINE_string("topology", "", "Compile ahead of time for this TPU "
                                 "topology (e.g. v5e:2x2) instead of running.")
 _VOCAB = flags.DEFINE_integer("vocab_size", 30522, "Vocab size when config.model.vocab_size is 0.")
+_CACHE = flags.DEFINE_string(
+    "compile_cache_dir", "", "Persistent compilation cache directory; a second run with "
+    "the same config loads the step from it.")
+_FIND_MAX_BATCH = flags.DEFINE_bool(
+    "find_max_batch", False, "With --topology: binary-search the largest per-device batch "
+    "that fits a device's HBM (one ahead-of-time compile per try).")
 
 
-def _setup(config, devices):
-  config.data.source = "synthetic"  # The benchmark reads no files.
+def build(config, devices, *, phase_name: str = "", vocab_size: int = 30522,
+          device_mesh: bool = False):
+  """(model config, phase, mesh, rules, model, optimizer) for a run config on `devices`.
+
+  The benchmark reads no files: the data source becomes synthetic. With
+  `device_mesh` the devices are laid out in the given order (topology
+  devices have no physical layout to optimise for).
+  """
+  config.data.source = "synthetic"
   config.data.demo_dir = ""
-  vocab = config.model.vocab_size or _VOCAB.value
+  vocab = config.model.vocab_size or vocab_size
   model_config = run_config.validate(config, num_devices=len(devices), vocab_size=vocab)
   plan = run_config.phases(config)
-  phase = next((p for p in plan if p.name == _PHASE.value), plan[0]) if _PHASE.value else plan[0]
-  if _PHASE.value and phase.name != _PHASE.value:
-    raise app.UsageError(f"--phase={_PHASE.value}: not one of {[p.name for p in plan]}")
+  phase = next((p for p in plan if p.name == phase_name), None) if phase_name else plan[0]
+  if phase is None:
+    raise app.UsageError(f"--phase={phase_name}: not one of {[p.name for p in plan]}")
   mesh = jax.sharding.Mesh(
       np.asarray(devices).reshape(sharding_lib.mesh_shape(config.mesh, len(devices))),
-      sharding_lib.MESH_AXES) if _TOPOLOGY.value else sharding_lib.make_mesh(config.mesh)
+      sharding_lib.MESH_AXES) if device_mesh else sharding_lib.make_mesh(config.mesh, devices)
   rules = sharding_lib.rules(config.mesh)
   schedule = opt_lib.learning_rate_schedule(
       config.optimizer, config.total_steps, [p.start for p in plan] + [plan[-1].end],
@@ -61,42 +81,179 @@ def _gib(n):
   return f"{n / 2**30:.2f} GiB"
 
 
-def compile_for_topology(config):
-  """Ahead-of-time compile for a TPU slice; prints per-chip memory."""
+@dataclasses.dataclass
+class AotResult:
+  """What an ahead-of-time compile for a TPU slice tells (bytes and FLOPs per device)."""
+  topology: str
+  devices: int  # JAX devices: one per chip, or one per TensorCore (v4, v5p topologies).
+  chips: int
+  device_kind: str
+  mesh: dict
+  phase: str
+  global_batch_size: int
+  seq_len: int
+  attention: str
+  compile_seconds: float
+  argument_bytes: int
+  temp_bytes: int
+  unaliased_output_bytes: int
+  compiled_flops: float | None  # XLA's count for one step on one device.
+  analytic_flops: float  # bertjax's model FLOPs for one step of the global batch.
+  xla_view_flops: float  # The analytic count as XLA counts it (see flops_as_xla_counts).
+
+  @property
+  def total_bytes(self) -> int:
+    return self.argument_bytes + self.temp_bytes + self.unaliased_output_bytes
+
+  @property
+  def hbm_bytes(self) -> int | None:
+    """HBM of one device: the chip's, shared by the devices on it."""
+    gib = flops.hbm_gib(self.device_kind)
+    return None if gib is None else int(gib * 2**30 * self.chips / self.devices)
+
+  @property
+  def fits(self) -> bool | None:
+    return None if self.hbm_bytes is None else self.total_bytes <= self.hbm_bytes
+
+
+def flops_as_xla_counts(model_config, seq_len, num_predictions, batch, attention_kernel,
+                        grad_accum_steps=1) -> float:
+  """The analytic FLOPs of what XLA's cost analysis sees of one step.
+
+  XLA counts a loop body once: with scanned layers one layer of L, with
+  gradient accumulation one micro-batch. Pallas kernels (splash) are custom
+  calls it does not count: their attention matmuls are left out.
+  """
+  c = model_config.replace(num_layers=1) if model_config.scan_layers else model_config
+  per_seq = flops.train_flops_per_sequence(c, seq_len, num_predictions)
+  if attention_kernel == "splash":
+    per_seq -= 3 * c.num_layers * seq_len * 2 * 2 * seq_len * c.hidden_size
+  return per_seq * batch / grad_accum_steps
+
+
+def aot_compile(config, topology: str, phase_name: str = "",
+                global_batch_size: int | None = None, vocab_size: int = 30522) -> AotResult:
+  """Compiles the train step ahead of time for a TPU topology (e.g. v5e:2x4)."""
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
-  topo = topologies.get_topology_desc(platform="tpu", topology_name=_TOPOLOGY.value)
-  devices = topo.devices
-  model_config, phase, mesh, rules, model, tx = _setup(config, devices)
+  devices = topologies.get_topology_desc(platform="tpu", topology_name=topology).devices
+  if global_batch_size:
+    config.phases[phase_name or next(iter(config.phases))].global_batch_size = global_batch_size
+  model_config, phase, mesh, rules, model, tx = build(
+      config, devices, phase_name=phase_name, vocab_size=vocab_size, device_mesh=True)
+  accum = config.optimizer.grad_accum_steps
+  kernel, _ = attention.choose(
+      model_config.attention_impl, attention_dropout_rate=model_config.attention_dropout_rate,
+      dtype=model_config.dtype, platform="tpu", seq_len=phase.max_seq_length,
+      deterministic=False)
   with sharding_lib.mesh_context(mesh, rules):
     abstract_state, shardings = state_lib.abstract_train_state(model, tx, mesh, rules)
     batch_s = sharding_lib.batch_sharding(mesh)
     batch = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_s) for k, (shape, dtype)
              in schema.batch_shapes(phase.global_batch_size, phase.max_seq_length,
-                                              phase.max_predictions_per_seq).items()}
+                                    phase.max_predictions_per_seq).items()}
     rng = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype,
                                sharding=sharding_lib.replicated(mesh))
     t0 = time.perf_counter()
-    step_fn = step_lib.jit_train_step(
-        shardings, mesh, grad_accum_steps=config.optimizer.grad_accum_steps)
+    step_fn = step_lib.jit_train_step(shardings, mesh, grad_accum_steps=accum)
     compiled = step_fn.lower(abstract_state, batch, rng).compile()
     seconds = time.perf_counter() - t0
   mem = compiled.memory_analysis()
-  print(f"topology        {_TOPOLOGY.value} ({len(devices)} chips, {devices[0].device_kind})")
-  print(f"mesh            {dict(mesh.shape)}")
-  print(f"phase           {phase.name}: batch {phase.global_batch_size} x {phase.max_seq_length}")
-  print(f"compile time    {seconds:.1f} s")
-  if mem is not None:
-    total = (mem.argument_size_in_bytes + mem.output_size_in_bytes
-             - mem.alias_size_in_bytes + mem.temp_size_in_bytes)
-    print(f"per chip        arguments {_gib(mem.argument_size_in_bytes)}, "
-          f"temporaries {_gib(mem.temp_size_in_bytes)}, "
-          f"outputs not aliased {_gib(mem.output_size_in_bytes - mem.alias_size_in_bytes)}")
-    print(f"per chip total  {_gib(total)}")
+  args = (phase.max_seq_length, phase.max_predictions_per_seq)
+  return AotResult(
+      topology=topology, devices=len(devices), chips=_count_chips(devices),
+      device_kind=devices[0].device_kind,
+      mesh=dict(mesh.shape), phase=phase.name, global_batch_size=phase.global_batch_size,
+      seq_len=phase.max_seq_length, attention=kernel, compile_seconds=seconds,
+      argument_bytes=mem.argument_size_in_bytes, temp_bytes=mem.temp_size_in_bytes,
+      unaliased_output_bytes=mem.output_size_in_bytes - mem.alias_size_in_bytes,
+      compiled_flops=profiling.compiled_flops(compiled),
+      analytic_flops=flops.train_flops_per_sequence(model_config, *args)
+      * phase.global_batch_size,
+      xla_view_flops=flops_as_xla_counts(model_config, *args, phase.global_batch_size,
+                                         kernel, accum))
+
+
+def _count_chips(devices) -> int:
+  coords = {tuple(getattr(d, "coords", (d.id,))) for d in devices}
+  return len(coords)
+
+
+MAX_SEARCHED_BATCH = 65536  # Per device; the search stops doubling here.
+
+
+def find_max_batch(make_config, topology: str, phase_name: str, start: int,
+                   log=print) -> tuple[int, AotResult | None]:
+  """Largest per-device batch whose step fits the device's HBM: binary search over compiles.
+
+  `make_config()` gives a fresh run config; the batch per device is per
+  data-parallel device (global batch / (mesh.data x mesh.fsdp)).
+  """
+  tried: dict[int, AotResult] = {}
+
+  def fits(per_device: int) -> bool:
+    config = make_config()
+    dp = math.prod(sharding_lib.mesh_shape(config.mesh, _num_devices(topology))[:2])
+    result = aot_compile(config, topology, phase_name, per_device * dp)
+    tried[per_device] = result
+    log(f"  per-device batch {per_device}: {_gib(result.total_bytes)} -> "
+        f"{'fits' if result.fits else 'does not fit'}")
+    return bool(result.fits)
+
+  lo, hi = 0, max(start, 1)
+  while fits(hi):
+    lo, hi = hi, hi * 2
+    if hi > MAX_SEARCHED_BATCH:
+      return lo, tried[lo]
+  while hi - lo > 1:
+    mid = (lo + hi) // 2
+    lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+  return lo, tried.get(lo)
+
+
+def _num_devices(topology: str) -> int:
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  return len(topologies.get_topology_desc(platform="tpu", topology_name=topology).devices)
+
+
+def print_aot(r: AotResult):
+  print(f"topology        {r.topology} ({r.chips} chips, {r.devices} devices, "
+        f"{r.device_kind})")
+  print(f"mesh            {r.mesh}")
+  print(f"phase           {r.phase}: batch {r.global_batch_size} x {r.seq_len}, "
+        f"attention {r.attention}")
+  print(f"compile time    {r.compile_seconds:.1f} s")
+  print(f"per device      arguments {_gib(r.argument_bytes)}, temporaries "
+        f"{_gib(r.temp_bytes)}, outputs not aliased {_gib(r.unaliased_output_bytes)}")
+  hbm = f" of {_gib(r.hbm_bytes)} HBM: {'fits' if r.fits else 'does not fit'}" \
+      if r.hbm_bytes else ""
+  print(f"per device      {_gib(r.total_bytes)} in all{hbm}")
+  if r.compiled_flops:
+    print(f"FLOPs per step  XLA {r.compiled_flops * r.devices:.4g} (all devices), analytic "
+          f"as XLA counts {r.xla_view_flops:.4g} (ratio "
+          f"{r.compiled_flops * r.devices / r.xla_view_flops:.3f}), analytic model FLOPs "
+          f"{r.analytic_flops:.4g}")
+
+
+def compile_for_topology(config):
+  """Ahead-of-time compile for a TPU slice; prints per-device memory and FLOPs."""
+  if _FIND_MAX_BATCH.value:
+    config_copy = config.copy_and_resolve_references()
+    dp = math.prod(sharding_lib.mesh_shape(config.mesh, _num_devices(_TOPOLOGY.value))[:2])
+    phase = _PHASE.value or next(iter(config.phases))
+    best, result = find_max_batch(lambda: config_copy.copy_and_resolve_references(),
+                                  _TOPOLOGY.value, phase,
+                                  config.phases[phase].global_batch_size // dp)
+    print(f"largest per-device batch that fits: {best}")
+    if result is not None:
+      print_aot(result)
+    return
+  print_aot(aot_compile(config, _TOPOLOGY.value, _PHASE.value, vocab_size=_VOCAB.value))
 
 
 def run_benchmark(config):
   devices = jax.devices()
-  model_config, phase, mesh, rules, model, tx = _setup(config, devices)
+  model_config, phase, mesh, rules, model, tx = build(
+      config, devices, phase_name=_PHASE.value, vocab_size=_VOCAB.value)
   state, shardings = state_lib.create_train_state(model, tx, mesh, rules, jax.random.key(0))
   source = SyntheticSource(phase.global_batch_size, max_seq_length=phase.max_seq_length,
                            max_predictions_per_seq=phase.max_predictions_per_seq,
@@ -123,12 +280,17 @@ def run_benchmark(config):
     seconds = (time.perf_counter() - t0) / _STEPS.value
   seqs = phase.global_batch_size / seconds
   peak = config.logging.peak_tflops or flops.peak_tflops(devices[0].device_kind)
-  util = flops.mfu(model_config, phase.max_seq_length, phase.max_predictions_per_seq,
-                   seqs, len(devices), peak)
+  util, source = profiling.utilisation(
+      step_seconds=seconds, num_chips=len(devices), peak_tflops_per_chip=peak,
+      model_config=model_config, seq_len=phase.max_seq_length,
+      num_predictions=phase.max_predictions_per_seq,
+      global_batch_size=phase.global_batch_size,
+      compiled_step_flops=profiling.compiled_flops(step_fn),
+      grad_accum_steps=config.optimizer.grad_accum_steps)
   n_params = sum(x.size for x in jax.tree.leaves(state.params))
   print(f"devices         {len(devices)} x {devices[0].device_kind}, mesh {dict(mesh.shape)}")
   print(f"model           {n_params / 1e6:.1f}M parameters, dtype {model_config.dtype}, "
-        f"remat {model_config.remat_policy}, attention {model_config.attention_impl}")
+        f"remat {model_config.remat_policy}, attention_impl {model_config.attention_impl}")
   print(f"phase           {phase.name}: batch {phase.global_batch_size} x "
         f"{phase.max_seq_length}, {phase.max_predictions_per_seq} predictions")
   print(f"compile time    {compile_s:.1f} s")
@@ -136,7 +298,7 @@ def run_benchmark(config):
   print(f"sequences/s     {seqs:.1f}")
   print(f"tokens/s        {seqs * phase.max_seq_length:.0f}")
   print(f"model TFLOP/s   {flops.train_flops_per_sequence(model_config, phase.max_seq_length, phase.max_predictions_per_seq) * seqs / 1e12:.2f}")
-  print(f"MFU             {f'{100 * util:.1f}%' if util is not None else 'n/a (unknown peak for this device)'}")
+  print(f"utilisation     {f'{100 * util:.1f}% ({source} FLOPs)' if util is not None else 'n/a (unknown peak for this device)'}")
 
 
 def main(argv):
@@ -144,6 +306,8 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if _CONFIG.value is None:
     raise app.UsageError("--config is required, e.g. --config=configs/base.py")
+  if _CACHE.value:
+    profiling.enable_compilation_cache(_CACHE.value)
   if _TOPOLOGY.value:
     compile_for_topology(_CONFIG.value)
   else:

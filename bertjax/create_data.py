@@ -37,6 +37,15 @@ _VOCAB_FILE = flags.DEFINE_string(
     "--tokenizer=sentencepiece.")
 _TOKENIZER = flags.DEFINE_enum("tokenizer", "wordpiece",
                                ["wordpiece", "sentencepiece"], "Tokenizer kind.")
+_TOKENIZER_COMPAT = flags.DEFINE_enum(
+    "tokenizer_compat", "original", ["original", "hf"],
+    "WordPiece's variant. original: the ids of the original BERT release's "
+    "FullTokenizer (cased text not normalised, words of up to 200 "
+    "characters, str.lower() lower-casing, e.g. a word-final sigma); hf: "
+    "the ids of "
+    "transformers.BertTokenizer (every category C* character dropped, text "
+    "NFC-normalised, lower-casing per character, words over 100 characters "
+    "become [UNK]).")
 _DO_LOWER_CASE = flags.DEFINE_bool("do_lower_case", True,
                                    "Lower-case the input (uncased models).")
 _MAX_SEQ_LENGTH = flags.DEFINE_integer("max_seq_length", 128,
@@ -87,9 +96,12 @@ def main(argv):
     raise app.UsageError("--output_dir is required.")
   if not _VOCAB_FILE.value:
     raise app.UsageError("--vocab_file is required.")
-  from bertjax.text import corpus  # pylint: disable=g-import-not-at-top
-  if not corpus.exists(_VOCAB_FILE.value):
+  from bertjax.records import fileio  # pylint: disable=g-import-not-at-top
+  if not fileio.exists(_VOCAB_FILE.value):
     raise app.UsageError(f"--vocab_file={_VOCAB_FILE.value}: no such file.")
+  if _TOKENIZER.value != "wordpiece" and _TOKENIZER_COMPAT.value != "original":
+    raise app.UsageError(f"--tokenizer_compat={_TOKENIZER_COMPAT.value}: only "
+                         "--tokenizer=wordpiece has variants.")
   if _NUM_WORKERS.value is not None and _NUM_WORKERS.value < 1:
     raise app.UsageError(f"--num_workers={_NUM_WORKERS.value}: must be >= 1.")
   config = creation.CreationConfig(
@@ -110,7 +122,7 @@ def main(argv):
         tfds_split=_TFDS_SPLIT.value, tfds_feature=_TFDS_FEATURE.value,
         split_bytes=max(1, int(_SPLIT_MB.value * 2**20)))
     spec = creation.TokenizerSpec(_TOKENIZER.value, _VOCAB_FILE.value,
-                                  _DO_LOWER_CASE.value)
+                                  _DO_LOWER_CASE.value, _TOKENIZER_COMPAT.value)
     source = documents.describe_source(_INPUT_FORMAT.value, _INPUT_FILE.value,
                                       _TFDS_NAME.value, _TFDS_SPLIT.value)
     if runner == "local":

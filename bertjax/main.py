@@ -19,6 +19,7 @@ from bertjax import downstream
 from bertjax.convert.weights import load_weights
 from bertjax.create import demo
 from bertjax.train import loop
+from bertjax.train import profiling
 
 _DEMO_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                             "configs", "tiny.py")
@@ -48,6 +49,9 @@ def main(argv):
   logging.info("JAX process %d of %d, %d devices (%s).", jax.process_index(),
                jax.process_count(), jax.device_count(), jax.devices()[0].device_kind)
   config = _CONFIG.value
+  if config.compile_cache_dir:  # Before the first compile of the process.
+    profiling.enable_compilation_cache(profiling.cache_dir(config.compile_cache_dir,
+                                                           _WORKDIR.value))
   demo.prepare_config(config, _WORKDIR.value)  # Builds the demo data if the config asks.
   summary = loop.train_and_evaluate(config, _WORKDIR.value, weights_loader=load_weights)
   if config.data.demo_dir and "preempted_at_step" not in summary:

@@ -18,17 +18,19 @@ def get_config() -> ml_collections.ConfigDict:
   config.seed = 0  # Seeds parameter init, dropout and the data order.
   config.total_steps = 1_000_000  # Optimizer steps over all phases together.
   config.init_from = ""  # Weights to start from when the workdir has no checkpoint: a bertjax checkpoint dir or a Hugging Face model dir.
+  config.compile_cache_dir = "compile_cache"  # Persistent XLA compilation cache: relative to the workdir, or an absolute or gs:// path; "" turns it off. A restart of the same config compiles from it.
   config.allow_changes = ""  # Comma-separated fields (e.g. total_steps,phases.*.train_files) that may differ from the run recorded in workdir/config.json when resuming; logged.
 
   # The architecture (bertjax.model.config.BertConfig).
   config.model = ml_collections.ConfigDict()
   config.model.vocab_size = 30522  # Must equal the data's vocab size (checked against metadata.json).
+  config.model.vocab_multiple = 128  # Word table and MLM bias padded to a multiple of this (MXU lanes); exports carry vocab_size rows.
   config.model.hidden_size = 768  # H.
   config.model.num_layers = 12  # L.
   config.model.num_heads = 12  # A; hidden_size must be divisible by it.
   config.model.intermediate_size = 3072  # Feed-forward width, 4H.
   config.model.hidden_dropout_rate = 0.1  # Dropout on embeddings and sublayer outputs.
-  config.model.attention_dropout_rate = 0.1  # Dropout on attention probabilities (0 enables cuDNN flash attention in training).
+  config.model.attention_dropout_rate = 0.1  # Dropout on attention probabilities, as in the paper; 0 lets auto pick the fused kernel (splash on TPU, cuDNN on GPU) in training too.
   config.model.max_position_embeddings = 512  # Learned positions, sized for the last phase from the start.
   config.model.type_vocab_size = 2  # Segments A and B.
   config.model.initializer_range = 0.02  # Stddev of the truncated-normal init.
@@ -37,7 +39,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.param_dtype = "float32"  # Parameters and optimizer state.
   config.model.scan_layers = True  # Stack layers with nn.scan: one compiled layer.
   config.model.remat_policy = "none"  # none | full | dots | dots_no_batch: activation recomputation.
-  config.model.attention_impl = "auto"  # auto | xla | cudnn.
+  config.model.attention_impl = "auto"  # auto | xla | splash (TPU) | cudnn (GPU); fused kernels need attention_dropout_rate 0.
 
   # Where batches come from.
   config.data = ml_collections.ConfigDict()
@@ -111,6 +113,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.logging.every_steps = 100  # Console line and TensorBoard scalars every this many steps.
   config.logging.eval_every_steps = 50_000  # Held-out evaluation; 0 evaluates only at phase ends.
   config.logging.eval_batches = 100  # At most this many eval batches; 0 reads the whole eval set.
+  config.logging.profile_steps = (0, 0)  # (first step, number of steps) traced with jax.profiler into workdir/tensorboard (TensorBoard's profile plugin); 0 steps traces nothing.
   config.logging.peak_tflops = 0.0  # Peak bf16 TFLOP/s per chip for MFU; 0 looks it up by device kind.
   return config
 

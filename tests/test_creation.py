@@ -285,17 +285,26 @@ def test_directory_and_documents_formats(setup, tmp_path):
   assert md.report["sentences"] > 40  # Split into sentences, not paragraphs.
 
 
+def _create_data_command(setup, out, dupe_factor=3, num_output_shards=3):
+  return [sys.executable, "-m", "bertjax.create_data",
+          f"--input_file={setup['pattern']}",
+          f"--vocab_file={setup['spec'].path}", f"--output_dir={out}",
+          "--max_seq_length=64", "--max_predictions_per_seq=10",
+          f"--dupe_factor={dupe_factor}",
+          f"--num_output_shards={num_output_shards}", "--docs_per_chunk=16",
+          "--num_workers=1", "--no_progress"]
+
+
+def _run(cmd):
+  env = dict(os.environ, PYTHONPATH=os.getcwd())
+  return subprocess.run(cmd, capture_output=True, text=True, env=env,
+                        check=False)
+
+
 def test_cli(setup, tmp_path):
   out = str(tmp_path / "cli")
-  cmd = [sys.executable, "-m", "bertjax.create_data",
-         f"--input_file={setup['pattern']}",
-         f"--vocab_file={setup['spec'].path}", f"--output_dir={out}",
-         "--max_seq_length=64", "--max_predictions_per_seq=10",
-         "--dupe_factor=3", "--num_output_shards=3", "--docs_per_chunk=16",
-         "--num_workers=1", "--no_progress"]
-  env = dict(os.environ, PYTHONPATH=os.getcwd())
-  done = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                        check=False)
+  cmd = _create_data_command(setup, out)
+  done = _run(cmd)
   assert done.returncode == 0, done.stderr
   assert "Wrote" in done.stdout and "report:" in done.stdout
   md = schema.read_metadata(out)
@@ -304,8 +313,7 @@ def test_cli(setup, tmp_path):
   for f in md.files:
     assert filecmp.cmp(os.path.join(out, f["name"]),
                        os.path.join(setup["out1"], f["name"]), shallow=False)
-  bad = subprocess.run(cmd[:-2] + ["--masked_lm_prob=2", "--output_dir=" + out + "2"],
-                       capture_output=True, text=True, env=env, check=False)
+  bad = _run(cmd[:-2] + ["--masked_lm_prob=2", "--output_dir=" + out + "2"])
   assert bad.returncode != 0 and "--masked_lm_prob=2" in bad.stderr
 
 
@@ -419,3 +427,14 @@ def test_whole_word_masking_end_to_end(setup, tmp_path):
       word = [pos] if pos < n and ids[row, pos] != sep else []
   assert groups_split == 0
   assert multi_piece > 50  # Words of several pieces were masked, whole.
+
+
+def test_cli_tokenizer_compat_reaches_the_metadata(setup, tmp_path):
+  out = str(tmp_path / "hf")
+  cmd = _create_data_command(setup, out, dupe_factor=1, num_output_shards=1)
+  done = _run(cmd + ["--tokenizer_compat=hf"])
+  assert done.returncode == 0, done.stderr
+  assert schema.read_metadata(out).tokenizer["compat"] == "hf"
+  again = _run(cmd + ["--tokenizer_compat=original"])
+  assert again.returncode != 0
+  assert "different tokenizer.compat ('hf', now 'original')" in again.stderr

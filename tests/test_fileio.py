@@ -113,3 +113,36 @@ def test_registered_filesystem_serves_its_scheme(tmp_path):
     fileio.register_filesystem("mem", None)
   with pytest.raises(Exception):  # Back to tf.io.gfile, which knows no mem://.
     fileio.read_text(path)
+
+
+def test_walk_files_and_expand_leave_out_temporaries(tmp_path):
+  sub = tmp_path / "docs" / "sub"
+  sub.mkdir(parents=True)
+  for name in ("a.txt", ".a.txt.tmp-42", "b.txt.tmp"):
+    (tmp_path / "docs" / name).write_text("x")
+  (sub / "c.txt").write_text("x")
+  want = [str(tmp_path / "docs" / "a.txt"), str(sub / "c.txt")]
+  assert fileio.walk_files(str(tmp_path / "docs")) == want
+  assert fileio.expand(str(tmp_path / "docs"), "--input_file",
+                       directories=True) == want
+  pattern = f"{tmp_path}/docs/*.txt*, {tmp_path}/docs/a.txt"
+  assert fileio.expand(pattern, "--input_file") == want[:1]
+  with pytest.raises(ValueError, match=r"--input_file: .*nothing\*' matches no files"):
+    fileio.expand(f"{tmp_path}/nothing*", "--input_file")
+  with pytest.raises(ValueError, match="--in: .*a.txt is not a directory"):
+    fileio.expand(want[0], "--in", directories=True)
+
+
+def test_corrupt_gzip_is_named_and_not_retried(tmp_path):
+  path = tmp_path / "bad.txt.gz"
+  data = gzip.compress(b"".join(b"line %d\n" % i for i in range(1000)))
+  path.write_bytes(data[:len(data) // 2])
+  calls = []
+
+  def read():
+    calls.append(1)
+    return fileio.read_bytes(str(path))
+
+  with pytest.raises(ValueError, match=r"bad\.txt\.gz: not a valid gzip"):
+    fileio.retry(read, "read", initial_delay=0.001)
+  assert len(calls) == 1

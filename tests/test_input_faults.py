@@ -262,14 +262,18 @@ def test_dir_star_glob_leaves_out_temporaries_of_interrupted_writes(dataset, tmp
       if i == 50:
         raise KeyboardInterrupt  # The writer dies half-way through a shard.
       yield data_utils.serialize(example)
+  shards = {records.shard_name(i, FILES) for i in range(FILES)}
   with pytest.raises(KeyboardInterrupt):
     records.write_shard(os.path.join(target, records.shard_name(4, 5)), interrupted())
-  # Names other writers' interrupted temporaries have.
-  for name in ("part-00009.tfrecord.tmp-4242", "part-00010.tfrecord.tmp",
+  assert set(os.listdir(target)) == shards  # The writer removed its temporaries.
+  # Names that writers killed part-way leave: this writer's (hidden, with the
+  # process id) and other writers'.
+  killed = os.path.basename(fileio.temporary_path(records.shard_name(4, 5)))
+  for name in (killed, "part-00009.tfrecord.tmp-4242", "part-00010.tfrecord.tmp",
                ".part-00011.tfrecord.tmp-77"):
     shutil.copy(os.path.join(target, records.shard_name(0, FILES)),
                 os.path.join(target, name))
-  leftovers = set(os.listdir(target)) - {records.shard_name(i, FILES) for i in range(FILES)}
+  leftovers = set(os.listdir(target)) - shards
   assert len(leftovers) == 4, leftovers
   src = source(os.path.join(target, "*"))
   assert [os.path.basename(f) for f in src.files] == [

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bertjax.model import attention
 from bertjax.model import layers
 from bertjax.model.bert import BertForPreTraining
 from bertjax.model.config import BASE, LARGE, BertConfig
@@ -221,30 +222,65 @@ def test_attention_dropout_applies_on_the_xla_path():
   assert np.abs(train["sequence_output"] - evaluate["sequence_output"]).max() > 1e-3
 
 
-def test_xla_attention_equals_fused_path(monkeypatch):
-  """attention_impl='xla' equals jax.nn.dot_product_attention (taken by 'auto')."""
-  calls = []
-  fused = jax.nn.dot_product_attention
-
-  def counting(*args, **kwargs):
-    calls.append(kwargs.get("implementation"))
-    return fused(*args, **kwargs)
-  monkeypatch.setattr(jax.nn, "dot_product_attention", counting)
-
+def test_auto_attention_runs_xla_on_cpu_and_logs_why(monkeypatch, caplog):
+  """On CPU no fused kernel applies: 'auto' computes what 'xla' does, and says so once."""
+  monkeypatch.setattr(attention, "_logged", set())
+  caplog.set_level("INFO")
   batch = make_batch()
-  for deterministic, rates in ((True, 0.1), (False, 0.0)):
-    auto = tiny(attention_impl="auto", hidden_dropout_rate=rates, attention_dropout_rate=rates)
-    xla = auto.replace(attention_impl="xla")
-    params = init_params(auto)
-    calls.clear()
-    out_auto = jax.tree.map(np.asarray, BertForPreTraining(auto).apply(
-        params, **batch, deterministic=deterministic, rngs={"dropout": jax.random.key(0)}))
-    assert calls and set(calls) == {None}, calls  # fused attention, default implementation
-    calls.clear()
-    out_xla = jax.tree.map(np.asarray, BertForPreTraining(xla).apply(
-        params, **batch, deterministic=deterministic, rngs={"dropout": jax.random.key(0)}))
-    assert not calls
-    assert_outputs_close(out_auto, out_xla, atol=1e-5, rtol=1e-5)
+  auto = tiny(attention_impl="auto", attention_dropout_rate=0.0)
+  params = init_params(auto)
+  out_auto = jax.tree.map(np.asarray, BertForPreTraining(auto).apply(params, **batch))
+  out_xla = jax.tree.map(np.asarray, BertForPreTraining(
+      auto.replace(attention_impl="xla")).apply(params, **batch))
+  for k in OUTPUT_KEYS:
+    np.testing.assert_array_equal(out_auto[k], out_xla[k], err_msg=k)
+  said = [r.getMessage() for r in caplog.records if "attention kernel" in r.getMessage()]
+  assert said.count("attention kernel: xla (no fused attention kernel for cpu)") == 1, said
+
+
+def test_padded_vocab_leaves_the_pretraining_loss_unchanged():
+  """Padded rows, whatever their values, change no loss, accuracy or real gradient."""
+  from bertjax.train import step as step_lib  # pylint: disable=g-import-not-at-top
+  unpadded = tiny()
+  padded = tiny(vocab_multiple=128)
+  assert (unpadded.padded_vocab_size, padded.padded_vocab_size) == (97, 128)
+  params = init_params(unpadded)
+  rng = np.random.default_rng(3)
+
+  def pad(path, x):
+    name = jax.tree_util.keystr(path)
+    if "word_embeddings" in name or "output_bias" in name:
+      extra = rng.normal(0.0, 50.0, (31,) + x.shape[1:]).astype(x.dtype)
+      return np.concatenate([x, extra])
+    return x
+  padded_params = jax.tree_util.tree_map_with_path(pad, params)
+  batch = make_batch()
+  # Half the labels are the unpadded model's own predictions, so accuracy is
+  # above zero and a padded column that won the argmax would show.
+  ids = rng.integers(0, 97, (BATCH, PREDICTIONS))
+  ids[:, ::2] = apply(unpadded, params, batch)["mlm_logits"].argmax(-1)[:, ::2]
+  batch.update(masked_lm_ids=ids.astype(np.int32),
+               masked_lm_weights=np.ones((BATCH, PREDICTIONS), np.float32),
+               next_sentence_labels=np.array([0, 1, 0], np.int32),
+               **{step_lib.EXAMPLE_WEIGHT_KEY: np.ones((BATCH,), np.float32)})
+
+  def sums_and_grads(config, p):
+    apply_fn = BertForPreTraining(config).apply
+    def loss(p):
+      sums = step_lib.loss_sums(p, apply_fn, batch, None, deterministic=True)
+      return sums["mlm_loss"] + sums["nsp_loss"], sums
+    return jax.jit(jax.grad(loss, has_aux=True))(p["params"])
+  grads, sums = sums_and_grads(unpadded, params)
+  padded_grads, padded_sums = sums_and_grads(padded, padded_params)
+  for k in sums:
+    np.testing.assert_allclose(padded_sums[k], sums[k], rtol=1e-6, err_msg=k)
+  assert float(sums["mlm_hits"]) > 0  # Accuracy is compared on something.
+  word = lambda g: np.asarray(g["bert"]["embeddings"]["word_embeddings"]["embedding"])
+  np.testing.assert_allclose(word(padded_grads)[:97], word(grads), atol=1e-6)
+  assert not word(padded_grads)[97:].any()
+  bias = lambda g: np.asarray(g["mlm"]["output_bias"])
+  np.testing.assert_allclose(bias(padded_grads)[:97], bias(grads), atol=1e-6)
+  assert not bias(padded_grads)[97:].any()
 
 
 def _count(tree) -> int:
@@ -272,6 +308,10 @@ def test_parameter_counts(size, expected):
   config = BertConfig(vocab_size=30522, **size)
   assert _count(_abstract_params(config)) == expected
   assert _count(_abstract_params(config.replace(scan_layers=False))) == expected
+  # Padded to 30,592 rows (239 x 128): the word table and the MLM bias grow.
+  padded = config.replace(vocab_multiple=128)
+  assert padded.padded_vocab_size == 30592
+  assert _count(_abstract_params(padded)) == expected + 70 * (size["hidden_size"] + 1)
   assert _formula(30522, size["hidden_size"], size["num_layers"],
                   size["intermediate_size"]) == expected
   import transformers  # pylint: disable=g-import-not-at-top

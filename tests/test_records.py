@@ -86,7 +86,7 @@ def test_index_gives_record_offsets(tmp_path):
   records.write_shard(path, data)
   offsets = data_utils.read_index(path)
   assert offsets.dtype == np.dtype("<i8") and len(offsets) == 200
-  assert os.path.getsize(records.index_path(path)) == 8 * 200
+  assert os.path.getsize(tfrecord.index_path(path)) == 8 * 200
   index = tfrecord.load_index(path)
   np.testing.assert_array_equal(index.offsets, offsets)
   picks = np.array([0, 17, 199])

@@ -374,3 +374,17 @@ def test_init_from_a_path_without_weights_is_an_error_naming_the_flag(tmp_path, 
 
 if __name__ == "__main__":
   print(json.dumps(_child(json.loads(sys.argv[1]))))
+
+
+def test_profile_steps_write_one_trace_and_mfu_is_logged_every_window(tmp_path):
+  config = tiny_config({"logging.profile_steps": (2, 2), "logging.peak_tflops": 1.0,
+                        "model.scan_layers": False, "checkpoint.every_steps": 100})
+  workdir = str(tmp_path / "run")
+  loop.train_and_evaluate(config, workdir)
+  traces = glob.glob(os.path.join(workdir, "tensorboard", "plugins", "profile", "*", "*.xplane.pb"))
+  assert len(traces) == 1, traces
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  mfu = [v.simple_value for path in glob.glob(os.path.join(workdir, "tensorboard", "events.*"))
+         for e in tf.compat.v1.train.summary_iterator(path) for v in e.summary.value
+         if v.tag == "train/mfu"]
+  assert len(mfu) == TOTAL_STEPS and all(0 < x < 1 for x in mfu)

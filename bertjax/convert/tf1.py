@@ -60,17 +60,6 @@ _SPECIAL_BACK = {name: (path, t) for path, (name, t) in _SPECIAL.items()}
 _LAYER_NORM = {"scale": "gamma", "bias": "beta"}
 
 
-def _tf():
-  """TensorFlow with every accelerator hidden from it (it only reads and writes files)."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  for kind in ("GPU", "TPU"):
-    try:
-      tf.config.set_visible_devices([], kind)
-    except (RuntimeError, ValueError):  # Already initialised, or no such kind.
-      pass
-  return tf
-
-
 def _hf_to_tf1_name(path: hf.Path) -> tuple[str, bool]:
   if path in _SPECIAL:
     return _SPECIAL[path]
@@ -147,7 +136,7 @@ def config_dict(config: BertConfig) -> dict[str, Any]:
 
 def write_checkpoint(variables: dict[str, np.ndarray], prefix: str) -> None:
   """A name-based TF checkpoint (prefix.index, prefix.data-*), as Saver writes it."""
-  tf = _tf()
+  tf = fileio.tensorflow()
   names = sorted(variables)
   tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names),
                     tensors=[tf.constant(variables[n]) for n in names])
@@ -155,7 +144,7 @@ def write_checkpoint(variables: dict[str, np.ndarray], prefix: str) -> None:
 
 def read_checkpoint(prefix: str) -> dict[str, np.ndarray]:
   """{name: array} of every variable of the checkpoint at `prefix` (local or gs://)."""
-  reader = _tf().compat.v1.train.NewCheckpointReader(prefix)
+  reader = fileio.tensorflow().compat.v1.train.NewCheckpointReader(prefix)
   return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
 
 

@@ -31,6 +31,7 @@ from bertjax.create import partition
 from bertjax.create import records
 from bertjax.records import fileio
 from bertjax.records import schema
+from bertjax.records import tfrecord
 
 
 def _dofns(config, tokenizer_spec, num_parts):
@@ -81,7 +82,7 @@ def _write_shard(item, output_dir, num_shards):
   data, index = records.shard_bytes(e[1] for e in entries)
   # The index first, then the shard: a shard file, once there, is complete
   # and has its index (each written whole, through a temporary locally).
-  fileio.write_bytes(path + records.INDEX_SUFFIX, index)
+  fileio.write_bytes(tfrecord.index_path(path), index)
   fileio.write_bytes(path, data)
   return shard_index, len(entries)
 
@@ -167,7 +168,7 @@ def run_beam(shards: Sequence[documents.InputShard],
     if s not in written:  # No instance fell into this shard.
       if stats["instances"][s]:
         raise RuntimeError(f"shard {s} was not written.")
-      fileio.write_bytes(path + records.INDEX_SUFFIX, b"")
+      fileio.write_bytes(tfrecord.index_path(path), b"")
       fileio.write_bytes(path, b"")
     elif written[s] != stats["instances"][s]:
       raise RuntimeError(f"shard {s}: wrote {written[s]} records, mapped "

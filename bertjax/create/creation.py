@@ -48,6 +48,7 @@ from bertjax.create import mapper
 from bertjax.create import partition
 from bertjax.create import records
 from bertjax.create import tasks
+from bertjax.records import fileio
 from bertjax.records import schema
 
 # The names a caller of the driver needs, defined with the map step.
@@ -127,11 +128,10 @@ def _start(output_dir, fingerprint, existing, expected, log):
   os.makedirs(work_dir, exist_ok=True)
   fp_path = os.path.join(work_dir, "fingerprint.json")
   if os.path.exists(fp_path):
-    with open(fp_path) as f:
-      if json.load(f) != json.loads(json.dumps(fingerprint)):
-        raise ValueError(
-            f"{output_dir} holds unfinished work made with other settings, "
-            "tokenizer or inputs; choose a new --output_dir or remove it.")
+    if json.loads(fileio.read_text(fp_path)) != json.loads(json.dumps(fingerprint)):
+      raise ValueError(
+          f"{output_dir} holds unfinished work made with other settings, "
+          "tokenizer or inputs; choose a new --output_dir or remove it.")
     return False
   stale = sorted(n for n in os.listdir(output_dir)
                  if n.startswith("part-") and n.endswith(".tfrecord"))
@@ -140,8 +140,7 @@ def _start(output_dir, fingerprint, existing, expected, log):
         f"{output_dir} holds shards ({stale[0]}, ...) but no metadata.json "
         "or unfinished work of this run; choose a new --output_dir or "
         "remove them.")
-  with open(fp_path, "w") as f:
-    json.dump(fingerprint, f)
+  fileio.write_text(fp_path, json.dumps(fingerprint))
   return False
 
 

@@ -30,18 +30,12 @@ from typing import Iterable, Iterator, Optional
 
 from bertjax.create import creation
 from bertjax.create import documents
+from bertjax.records import fileio
 from bertjax.records import schema
 
 PHASES = {128: 20, 512: 80}  # max_seq_length -> max_predictions_per_seq
 _HEADING_UNDERLINE = re.compile(r"^([=\-*~^+#\"])\1{2,}$")
 _BULLET = re.compile(r"^(\*|-|\d+\.)\s+")
-
-
-def _write_atomic(path: str, text: str) -> None:
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write(text)
-  os.replace(tmp, path)
 
 
 def _sections(topic_text: str) -> list[list[str]]:
@@ -237,10 +231,8 @@ def ensure_demo_data(data_dir: str, *, vocab_size: int = 6000,
     _write_demo_text(paths, eval_fraction, seed, log)
   if not os.path.exists(paths["vocab"]):
     from bertjax.text import vocab as vocab_lib  # pylint: disable=g-import-not-at-top
-    tmp = paths["vocab"] + ".tmp"
-    vocab_lib.build_wordpiece_vocab([paths["train_text"]], tmp,
+    vocab_lib.build_wordpiece_vocab([paths["train_text"]], paths["vocab"],
                                     vocab_size=vocab_size, do_lower_case=True)
-    os.replace(tmp, paths["vocab"])
     log(f"demo vocab: {paths['vocab']}")
   spec = creation.TokenizerSpec("wordpiece", paths["vocab"], True)
   for length, max_pred in sorted(phases.items()):
@@ -268,8 +260,8 @@ def _write_demo_text(paths, eval_fraction, seed, log) -> None:
   docs = demo_documents()
   random.Random(seed).shuffle(docs)
   num_eval = max(2, int(round(len(docs) * eval_fraction)))
-  _write_atomic(paths["eval_text"], _format(docs[:num_eval]))
-  _write_atomic(paths["train_text"], _format(docs[num_eval:]))
+  fileio.write_text(paths["eval_text"], _format(docs[:num_eval]))
+  fileio.write_text(paths["train_text"], _format(docs[num_eval:]))
   log(f"demo corpus: {len(docs) - num_eval} training and {num_eval} "
       f"evaluation documents in {os.path.dirname(paths['train_text'])}")
 
@@ -285,7 +277,7 @@ def prepare_config(config, workdir: str, **data_options) -> Optional[dict]:
   if not config.data.demo_dir:
     return None
   demo_dir = config.data.demo_dir
-  if not os.path.isabs(demo_dir) and "://" not in demo_dir:
+  if not os.path.isabs(demo_dir) and not fileio.is_remote(demo_dir):
     demo_dir = os.path.join(workdir, demo_dir)
   paths = ensure_demo_data(demo_dir, **data_options)
   for name, phase in config.phases.items():

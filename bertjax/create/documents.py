@@ -12,8 +12,8 @@ group of small files, or an even part of a tfds split), the unit of work of
 reading; every document is named by its place in the input
 (`iter_located_documents`), whatever the shards. Documents are later taken
 in chunks of a bounded size (`iter_chunks`), the scope of the "random next"
-segment. Files are read through corpus.py (local, gs://, .gz);
-invalid UTF-8 is replaced and counted in the report.
+segment. Files are read through the file layer (fileio: local, gs://,
+.gz); invalid UTF-8 is replaced and counted in the report.
 """
 
 import collections
@@ -80,10 +80,12 @@ def list_input_shards(input_file: str, input_format: str = "sentences",
                        tfds_feature=tfds_feature,
                        tfds_part=(i, len(splits)))
             for i in range(len(splits))]
-  files = _list_files(input_file, input_format)
+  # For "directory" input, every file under the given directories.
+  files = fileio.expand(input_file, "--input_file",
+                        directories=input_format == "directory")
   if split_bytes < 1:
     raise ValueError(f"--split_bytes={split_bytes}: must be at least 1.")
-  sizes = [corpus.file_size(p) for p in files]
+  sizes = [fileio.size(p) for p in files]
   if input_format == "directory":
     return [InputShard(n, input_format, tuple(files[i:i + files_per_shard]),
                        sum(sizes[i:i + files_per_shard]), first_file=i)
@@ -102,46 +104,12 @@ def list_input_shards(input_file: str, input_format: str = "sentences",
   return shards
 
 
-def _list_files(input_file: str, input_format: str) -> list[str]:
-  """The files of `--input_file` (for "directory": under its directories)."""
-  if not input_file:
-    raise ValueError("--input_file is required (comma-separated file globs).")
-  files = []
-  for pattern in input_file.split(","):
-    pattern = pattern.strip()
-    if not pattern:
-      continue
-    if input_format == "directory":
-      if not corpus.is_directory(pattern):
-        raise ValueError(f"--input_file: {pattern} is not a directory "
-                         "(--input_format=directory reads every file under "
-                         "the given directories).")
-      found = corpus.list_directory_files(pattern)
-    else:
-      found = corpus.glob_files(pattern)
-    if not found:
-      raise ValueError(f"--input_file: {pattern!r} matches no files.")
-    for path in found:
-      if not corpus.is_readable(path):
-        raise ValueError(f"--input_file: {path} is not readable.")
-    files.extend(found)
-  return list(dict.fromkeys(files))
-
-
 def describe_source(input_format: str, input_file: str = "",
                     tfds_name: str = "", tfds_split: str = "") -> str:
   """The metadata's `source` string."""
   if input_format == "tfds":
     return f"tfds:{tfds_name}/{tfds_split}"
   return f"{input_format}:{input_file}"
-
-
-def _decode(line: bytes, report) -> str:
-  try:
-    return line.decode("utf-8")
-  except UnicodeDecodeError:
-    report["invalid_utf8_lines_repaired"] += 1
-    return line.decode("utf-8", errors="replace")
 
 
 def iter_documents(shard: InputShard, report: collections.Counter
@@ -178,10 +146,9 @@ def iter_located_documents(shard: InputShard, report: collections.Counter
         done += f.stored_bytes_read
       if not data:
         report["empty_input_files"] += 1
-      paragraphs = [p.strip() for p in _decode_text(data, report).splitlines()]
-      paragraphs = [p for p in paragraphs if p]
-      if paragraphs:
-        yield source, 0, _split_document(paragraphs, report), done
+      sentences = _text_document(data, report)
+      if sentences:
+        yield source, 0, sentences, done
       continue
     read = 0
     for offset, block, read in _file_blocks(path, shard.byte_range, report):
@@ -191,9 +158,11 @@ def iter_located_documents(shard: InputShard, report: collections.Counter
     done += read
 
 
-def _open(path: str):
+def _open(path: str, stored: bool = False):
+  """A reader of an input file: decompressed (fileio.open_read), or with
+  `stored` the bytes as stored, for reads of byte ranges."""
   try:
-    return corpus.InputFile(path)
+    return fileio.open_binary(path) if stored else fileio.open_read(path)
   except OSError as e:
     raise ValueError(f"--input_file: cannot read {path}: {e}") from e
 
@@ -209,11 +178,7 @@ def _file_blocks(path: str, byte_range: tuple[int, ...], report
         report["empty_input_files"] += 1
     return
   start, end = byte_range
-  try:
-    f = fileio.open_binary(path)
-  except OSError as e:
-    raise ValueError(f"--input_file: cannot read {path}: {e}") from e
-  with f:
+  with _open(path, stored=True) as f:
     blank, pos = _first_blank_line(f, start)
     if blank < end:  # Else the documents after it are the next range's.
       for offset, block in _blocks(iter(f.readline, b""), pos, end, report):
@@ -249,7 +214,7 @@ def _blocks(lines: Iterator[bytes], pos: int, end: Optional[int], report
   for line in lines:
     line_start, pos = pos, pos + len(line)
     report["lines"] += 1
-    text = _decode(line, report).strip()
+    text = corpus.decode_line(line, report).strip()
     if text:
       if not block:
         block_start = line_start
@@ -272,6 +237,12 @@ def _decode_text(data: bytes, report) -> str:
     report["invalid_utf8_lines_repaired"] += sum(
         1 for line in text.splitlines() if "\ufffd" in line)
     return text
+
+
+def _text_document(data: bytes, report) -> list[str]:
+  """Sentences of a document given as raw text, one paragraph a line."""
+  paragraphs = [p.strip() for p in _decode_text(data, report).splitlines()]
+  return _split_document([p for p in paragraphs if p], report)
 
 
 def _split_document(paragraphs: list[str], report) -> list[str]:
@@ -300,10 +271,9 @@ def _iter_tfds_documents(shard: InputShard, report
       raise ValueError(f"--tfds_feature={shard.tfds_feature}: not in "
                        f"{shard.tfds_name} (has {sorted(example)}).")
     n += 1
-    text = _decode_text(example[shard.tfds_feature], report)
-    paragraphs = [p.strip() for p in text.splitlines() if p.strip()]
-    if paragraphs:
-      yield _split_document(paragraphs, report), n
+    sentences = _text_document(example[shard.tfds_feature], report)
+    if sentences:
+      yield sentences, n
     else:
       report["empty_documents_skipped"] += 1
 

@@ -31,6 +31,7 @@ from bertjax.create import documents
 from bertjax.create import instance_batches
 from bertjax.create import instances as instances_lib
 from bertjax.create import records
+from bertjax.records import tfrecord
 
 # Sort key of a record: random key, then its origin (partition, chunk, dupe
 # pass, index in the pass), so ties are broken deterministically; as
@@ -107,10 +108,14 @@ class TokenizerSpec:
   kind: str
   path: str
   do_lower_case: bool = True
+  # WordPiece's variant: "original" (the original release's FullTokenizer)
+  # or "hf" (transformers.BertTokenizer); see tokenization.py.
+  compat: str = "original"
 
   def load(self):
     from bertjax.text import tokenization  # pylint: disable=g-import-not-at-top
-    return tokenization.load_tokenizer(self.kind, self.path, self.do_lower_case)
+    return tokenization.load_tokenizer(self.kind, self.path, self.do_lower_case,
+                                       self.compat)
 
 
 
@@ -215,7 +220,7 @@ class ShardMapper:
       for i, (out, end) in enumerate(zip(batch.shards.tolist(), ends)):
         start = end - int(batch.lengths[i])
         yield out, keys[i * w:(i + 1) * w], batch.frames[
-            start + records.FRAME_HEADER:end - records.FRAME_FOOTER]
+            start + tfrecord.HEADER_BYTES:end - tfrecord.FOOTER_BYTES]
 
   def _tokenize(self, docs: list[list[str]], report) -> "TokenizedChunk":
     """Tokenizes a chunk's documents; drops empty sentences and documents."""

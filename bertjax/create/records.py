@@ -23,7 +23,6 @@ import numpy as np
 from bertjax.records import fileio
 from bertjax.records import tfrecord
 
-INDEX_SUFFIX = ".index"
 FEATURE_ORDER = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
                  "masked_lm_ids", "masked_lm_weights", "next_sentence_labels")
 _LEN = 2  # Protobuf wire type of length-delimited fields.
@@ -45,10 +44,6 @@ def _field(number: int, payload: bytes) -> bytes:
 
 def shard_name(index: int, num_shards: int) -> str:
   return f"part-{index:05d}-of-{num_shards:05d}.tfrecord"
-
-
-def index_path(shard_path: str) -> str:
-  return shard_path + INDEX_SUFFIX
 
 
 class ExampleEncoder:
@@ -126,10 +121,6 @@ def _masked_crc(data: bytes) -> bytes:
   return struct.pack("<I", tfrecord.masked_crc32c(data))
 
 
-FRAME_HEADER = 12  # uint64 length and the masked crc32c of it.
-FRAME_FOOTER = 4  # The masked crc32c of the data.
-
-
 def frame_header(length: int) -> bytes:
   """A TFRecord's first 12 bytes: the data's length and its masked crc32c."""
   packed = struct.pack("<Q", length)
@@ -142,35 +133,23 @@ def frame(data: bytes) -> bytes:
 
 
 def write_shard(path: str, records: Iterable[bytes]) -> int:
-  """Writes a TFRecord shard and its index atomically; returns the count.
-
-  Both are written under temporary names and renamed, the index first and
-  the shard last, so an existing shard file is always complete and has its
-  index. Local paths only (the Beam writer handles remote ones).
+  """Writes a TFRecord shard and its index atomically (`FramedShardWriter`);
+  returns the count. Local paths only (the Beam writer handles remote ones).
   """
-  tmp = fileio.temporary_path(path)
-  offsets = []
-  pos = 0
-  with open(tmp, "wb") as f:
+  with FramedShardWriter(path) as writer:
     for data in records:
-      offsets.append(pos)
       rec = frame(data)
-      f.write(rec)
-      pos += len(rec)
-  index = np.asarray(offsets, dtype="<i8")
-  with open(tmp + INDEX_SUFFIX, "wb") as f:
-    f.write(index.tobytes())
-  os.replace(tmp + INDEX_SUFFIX, index_path(path))
-  os.replace(tmp, path)
-  return len(offsets)
+      writer.write(rec, np.asarray([len(rec)], np.int64))
+  return writer.count
 
 
 class FramedShardWriter:
   """Streams TFRecord frames into a shard and its index, atomically.
 
   Both are written under temporary names; on a clean exit the index and
-  then the shard are renamed into place (as `write_shard`), on an error the
-  temporaries are removed. Local paths only.
+  then the shard are renamed into place, so an existing shard file is always
+  complete and has its index; on an error the temporaries are removed.
+  Local paths only.
   """
 
   def __init__(self, path: str):
@@ -181,7 +160,7 @@ class FramedShardWriter:
 
   def __enter__(self) -> "FramedShardWriter":
     self._data = open(self._tmp, "wb")  # pylint: disable=consider-using-with
-    self._index = open(self._tmp + INDEX_SUFFIX, "wb")  # pylint: disable=consider-using-with
+    self._index = open(tfrecord.index_path(self._tmp), "wb")  # pylint: disable=consider-using-with
     return self
 
   def write(self, frames: bytes, lengths: np.ndarray) -> None:
@@ -196,11 +175,11 @@ class FramedShardWriter:
     self._data.close()
     self._index.close()
     if exc_type is not None:
-      for tmp in (self._tmp, self._tmp + INDEX_SUFFIX):
+      for tmp in (self._tmp, tfrecord.index_path(self._tmp)):
         if os.path.exists(tmp):
           os.remove(tmp)
       return
-    os.replace(self._tmp + INDEX_SUFFIX, index_path(self.path))
+    os.replace(tfrecord.index_path(self._tmp), tfrecord.index_path(self.path))
     os.replace(self._tmp, self.path)
 
 

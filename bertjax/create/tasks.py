@@ -25,6 +25,7 @@ from bertjax.create import mapper
 from bertjax.create import partition
 from bertjax.create import records
 from bertjax.create import spills
+from bertjax.records import fileio
 
 _WORKER = {}
 
@@ -53,15 +54,12 @@ def read_done(work_dir: str, kind: str, index: int):
   path = task_dir(work_dir, kind, index) + ".json"
   if not os.path.exists(path):
     return None
-  with open(path) as f:
-    return json.load(f)
+  return json.loads(fileio.read_text(path))
 
 
 def _finish(work_dir: str, kind: str, index: int, result: dict) -> dict:
   path = task_dir(work_dir, kind, index) + ".json"
-  with open(path + ".tmp", "w") as f:
-    json.dump(result, f)
-  os.replace(path + ".tmp", path)
+  fileio.write_text(path, json.dumps(result))
   return result
 
 

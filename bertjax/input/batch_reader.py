@@ -18,29 +18,11 @@ from absl import logging
 import numpy as np
 
 from bertjax.input import dynamic_masking as masking_lib
+from bertjax.records import fileio
 from bertjax.records import schema
 from bertjax.records import tfrecord
 
 KEY_FILE_SHIFT = 40  # example key = file number << 40 | record number in file
-_tf_module = None
-
-
-def tf_module():
-  """TensorFlow, imported on first use with every accelerator hidden from it."""
-  global _tf_module
-  if _tf_module is None:
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-    for kind in ("GPU", "TPU"):
-      try:
-        tf.config.set_visible_devices([], kind)
-      except (RuntimeError, ValueError):  # Already initialised, or no such kind.
-        pass
-    if tf.config.get_visible_devices("GPU"):
-      logging.warning("TensorFlow was initialised elsewhere first and sees GPUs; "
-                      "call tf.config.set_visible_devices([], 'GPU') before any "
-                      "other TensorFlow use so that it leaves their memory to JAX.")
-    _tf_module = tf
-  return _tf_module
 
 
 def restore_malloc_thresholds() -> bool:
@@ -66,7 +48,7 @@ def restore_malloc_thresholds() -> bool:
 def describe_mismatch(serialized: bytes, max_seq_length: int,
                       max_predictions_per_seq: int) -> Optional[str]:
   """What makes a serialized record unlike the schema; None if nothing."""
-  tf = tf_module()
+  tf = fileio.tensorflow()
   try:
     feats = tf.train.Example.FromString(serialized).features.feature
   except Exception as e:  # pylint: disable=broad-except
@@ -121,7 +103,7 @@ class Records:
 
 
 def _feature_spec(max_seq_length: int, max_predictions_per_seq: int) -> dict[str, Any]:
-  tf = tf_module()
+  tf = fileio.tensorflow()
   return {name: tf.io.FixedLenFeature(
       [schema.feature_length(name, max_seq_length, max_predictions_per_seq)],
       tf.float32 if dtype == "float32" else tf.int64)
@@ -130,7 +112,7 @@ def _feature_spec(max_seq_length: int, max_predictions_per_seq: int) -> dict[str
 
 def _padding_example(max_seq_length: int, max_predictions_per_seq: int) -> bytes:
   """A valid all-zero example, the stand-in for padding rows."""
-  tf = tf_module()
+  tf = fileio.tensorflow()
   feature = {}
   for name, (dtype, _) in schema.FEATURES.items():
     n = schema.feature_length(name, max_seq_length, max_predictions_per_seq)
@@ -198,7 +180,7 @@ class HostBatches:
     return serialized, valid, keys, epochs, skipped
 
   def _parse(self, serialized, valid, keys, epochs, skipped):
-    tf = tf_module()
+    tf = fileio.tensorflow()
     out = {}
     for name, value in tf.io.parse_example(serialized, self._spec).items():
       out[name] = tf.cast(value, tf.int32) if value.dtype == tf.int64 else value
@@ -225,7 +207,7 @@ class HostBatches:
 
   def _explain(self, step: int, error: Exception) -> Exception:
     """Finds the record of batch `step` that failed to parse."""
-    tf = tf_module()
+    tf = fileio.tensorflow()
     idx, _ = self._rows(step)
     real = idx[idx >= 0]
     data, files, keys = self._records.read(real)
@@ -268,7 +250,7 @@ class HostBatches:
   def _dataset(self, start_step: int, stop_step: Optional[int],
                stopping: threading.Event, failure: list):
     """The tf.data pipeline of parsed batches (and skip counts) from start_step."""
-    tf = tf_module()
+    tf = fileio.tensorflow()
 
     def generate():
       pool = concurrent.futures.ThreadPoolExecutor(self._threads)

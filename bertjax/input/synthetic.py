@@ -9,6 +9,7 @@ from typing import Iterator
 
 import numpy as np
 
+from bertjax.records import masking
 from bertjax.records import schema
 
 FIRST_REGULAR_ID = 5  # Ids below are [PAD] [UNK] [CLS] [SEP] [MASK] in bertjax vocabs.
@@ -46,7 +47,7 @@ class SyntheticSource:
     scores[:, 0] = np.inf
     scores[pos_L >= (lengths[:, None] - 1)] = np.inf
     positions = np.sort(np.argsort(scores, axis=1)[:, :p], axis=1).astype(np.int32)
-    num_pred = np.minimum(p, np.maximum(1, np.round(lengths * 0.15).astype(int)))
+    num_pred = masking.num_predictions(lengths, 0.15, p)
     weights = (np.arange(p)[None, :] < num_pred[:, None]).astype(np.float32)
     positions = (positions * weights).astype(np.int32)
     masked_ids = np.take_along_axis(ids, positions, axis=1) * weights.astype(np.int32)

@@ -18,8 +18,8 @@ BATCH_PREDICTIONS_EMBED = ("activation_batch", None, "activation_embed")
 
 
 def attention_mask(input_mask_BxL):
-  """[B, L] 0/1 padding mask -> boolean key mask [B, 1, 1, L]."""
-  return (input_mask_BxL > 0)[:, None, None, :]
+  """[B, L] 0/1 padding mask -> boolean mask of the real tokens [B, L]."""
+  return input_mask_BxL > 0
 
 
 class BertModel(nn.Module):
@@ -40,7 +40,12 @@ class BertModel(nn.Module):
 
 
 class MaskedLMHead(nn.Module):
-  """Dense + GELU + LayerNorm, then the tied decoder plus a per-token bias."""
+  """Dense + GELU + LayerNorm, then the tied decoder plus a per-token bias.
+
+  The decoder multiplies by the whole padded word table (MXU-aligned) and
+  the padded columns are cut off, so the logits have vocab_size columns and
+  padding never enters the softmax.
+  """
   config: BertConfig
 
   @nn.compact
@@ -57,8 +62,9 @@ class MaskedLMHead(nn.Module):
     bias_V = self.param(
         "output_bias",
         nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",)),
-        (c.vocab_size,), c.params_dtype)
-    return embeddings.attend(h) + bias_V.astype(jnp.float32)
+        (c.padded_vocab_size,), c.params_dtype)
+    logits_BxPxV = embeddings.attend(h) + bias_V.astype(jnp.float32)
+    return logits_BxPxV[..., :c.vocab_size]
 
 
 class BertForPreTraining(nn.Module):

@@ -5,14 +5,16 @@ from typing import Any, Mapping
 
 import jax.numpy as jnp
 
+from bertjax.model import attention
+
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
-ATTENTION_IMPLS = ("auto", "xla", "cudnn")
+ATTENTION_IMPLS = attention.IMPLS
 
 
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
   """BERT's architecture (Devlin et al., 2018) plus how it is computed."""
-  vocab_size: int
+  vocab_size: int  # The real vocab; exports and checkpoint metadata carry this size.
   hidden_size: int = 768
   num_layers: int = 12
   num_heads: int = 12
@@ -22,6 +24,11 @@ class BertConfig:
   max_position_embeddings: int = 512
   type_vocab_size: int = 2
   initializer_range: float = 0.02
+  # The word table and the MLM output bias get padded_vocab_size rows: the
+  # vocab rounded up to a multiple of this (128 fills the TPU MXU's lanes in
+  # the MLM decoder; the pretraining configs set it); 1 pads nothing. The
+  # padded logits are cut off before the softmax.
+  vocab_multiple: int = 1
   layer_norm_eps: float = 1e-12
   # Compute dtype of matmuls; parameters, softmax, LayerNorm and losses stay fp32.
   dtype: str = "float32"
@@ -31,8 +38,9 @@ class BertConfig:
   # What each layer keeps for the backward pass: none (keep everything),
   # full (recompute everything), dots, dots_no_batch (keep matmul outputs).
   remat_policy: str = "none"
-  # auto: jax.nn.dot_product_attention (cuDNN flash attention on GPU) when
-  # attention dropout is off or in evaluation, the XLA path otherwise.
+  # xla | splash (Pallas, TPU) | cudnn (GPU, bf16/fp16) | auto: the platform's
+  # fused kernel when valid, XLA otherwise and whenever attention dropout is
+  # on in training (the fused kernels have none); see model/attention.py.
   attention_impl: str = "auto"
 
   def __post_init__(self):
@@ -41,7 +49,7 @@ class BertConfig:
     if self.vocab_size is None or self.vocab_size <= 0:
       bad("vocab_size", f"must be a positive integer, got {self.vocab_size}")
     for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size",
-                 "max_position_embeddings", "type_vocab_size"):
+                 "max_position_embeddings", "type_vocab_size", "vocab_multiple"):
       if getattr(self, name) <= 0:
         bad(name, f"must be positive, got {getattr(self, name)}")
     if self.hidden_size % self.num_heads:
@@ -54,11 +62,20 @@ class BertConfig:
       bad("remat_policy", f"{self.remat_policy!r} is not one of {REMAT_POLICIES}")
     if self.attention_impl not in ATTENTION_IMPLS:
       bad("attention_impl", f"{self.attention_impl!r} is not one of {ATTENTION_IMPLS}")
+    problem = attention.config_problem(self.attention_impl, self.attention_dropout_rate,
+                                       self.dtype)
+    if problem:
+      raise ValueError(problem)
     for name in ("dtype", "param_dtype"):
       try:
         jnp.dtype(getattr(self, name))
       except TypeError:
         bad(name, f"{getattr(self, name)!r} is not a dtype name")
+
+  @property
+  def padded_vocab_size(self) -> int:
+    """Rows of the word table and the MLM bias: vocab_size rounded up to vocab_multiple."""
+    return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
 
   @property
   def head_dim(self) -> int:

@@ -14,6 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bertjax.model import attention
 from bertjax.model.config import BertConfig
 
 BATCH_LENGTH_EMBED = ("activation_batch", "activation_length", "activation_embed")
@@ -75,7 +76,7 @@ class Embeddings(nn.Module):
     c = self.config
     init = lambda axes: kernel_init(c, axes)
     self.word_embeddings = nn.Embed(
-        c.vocab_size, c.hidden_size, dtype=c.compute_dtype,
+        c.padded_vocab_size, c.hidden_size, dtype=c.compute_dtype,
         param_dtype=c.params_dtype, embedding_init=init(("vocab", "embed")))
     self.position_embeddings = nn.Embed(
         c.max_position_embeddings, c.hidden_size, dtype=c.compute_dtype,
@@ -100,33 +101,19 @@ class Embeddings(nn.Module):
     return nn.with_logical_constraint(x_BxLxD, BATCH_LENGTH_EMBED)
 
   def attend(self, x_BxPxD):
-    """Logits against the word embeddings (the tied MLM decoder), in fp32."""
+    """Logits against the (padded) word table (the tied MLM decoder), in fp32."""
     table_VxD = self.word_embeddings.embedding
     return jnp.einsum("bpd,vd->bpv", x_BxPxD.astype(self.config.compute_dtype),
                       table_VxD.astype(self.config.compute_dtype),
                       preferred_element_type=jnp.float32)
 
 
-def _xla_attention(q_BxLxNxH, k_BxSxNxH, v_BxSxNxH, mask_Bx1x1xS, dropout, deterministic):
-  """Plain attention with fp32 softmax and dropout on the probabilities."""
-  head_dim = q_BxLxNxH.shape[-1]
-  logits_BxNxLxS = jnp.einsum("blnh,bsnh->bnls", q_BxLxNxH, k_BxSxNxH,
-                              preferred_element_type=jnp.float32)
-  logits_BxNxLxS = logits_BxNxLxS / jnp.sqrt(jnp.float32(head_dim))
-  big_neg = jnp.finfo(jnp.float32).min
-  logits_BxNxLxS = jnp.where(mask_Bx1x1xS, logits_BxNxLxS, big_neg)
-  probs_BxNxLxS = jax.nn.softmax(logits_BxNxLxS, axis=-1)
-  probs_BxNxLxS = dropout(probs_BxNxLxS, deterministic=deterministic)
-  return jnp.einsum("bnls,bsnh->blnh", probs_BxNxLxS.astype(v_BxSxNxH.dtype),
-                    v_BxSxNxH)
-
-
 class SelfAttention(nn.Module):
-  """Multi-head self-attention over the unpadded keys."""
+  """Multi-head self-attention over the unpadded keys (kernel: model/attention.py)."""
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x_BxLxD, mask_Bx1x1xL, deterministic: bool):
+  def __call__(self, x_BxLxD, mask_BxL, deterministic: bool):
     c = self.config
     qkv_axes = ("embed", "heads", "kv")
     features = (c.num_heads, c.head_dim)
@@ -136,16 +123,10 @@ class SelfAttention(nn.Module):
     heads_axes = ("activation_batch", "activation_length", "activation_heads", "activation_kv")
     q, k, v = (nn.with_logical_constraint(t, heads_axes) for t in (q, k, v))
 
-    use_fused = c.attention_impl == "cudnn" or (
-        c.attention_impl == "auto"
-        and (deterministic or c.attention_dropout_rate == 0.0))
-    if use_fused:
-      implementation = "cudnn" if c.attention_impl == "cudnn" else None
-      out_BxLxNxH = jax.nn.dot_product_attention(
-          q, k, v, mask=mask_Bx1x1xL, implementation=implementation)
-    else:
-      out_BxLxNxH = _xla_attention(q, k, v, mask_Bx1x1xL,
-                                   nn.Dropout(c.attention_dropout_rate), deterministic)
+    out_BxLxNxH = attention.attend(
+        q, k, v, mask_BxL, impl=c.attention_impl,
+        attention_dropout_rate=c.attention_dropout_rate, dtype=c.dtype,
+        dropout=nn.Dropout(c.attention_dropout_rate), deterministic=deterministic)
     out_BxLxNxH = nn.with_logical_constraint(out_BxLxNxH, heads_axes)
     return dense(c, c.hidden_size, ("heads", "kv", "embed"), "output",
                  contract=2)(out_BxLxNxH)
@@ -171,10 +152,10 @@ class TransformerLayer(nn.Module):
   deterministic: bool
 
   @nn.compact
-  def __call__(self, x_BxLxD, mask_Bx1x1xL):
+  def __call__(self, x_BxLxD, mask_BxL):
     c = self.config
     drop = nn.Dropout(c.hidden_dropout_rate)
-    h = SelfAttention(c, name="attention")(x_BxLxD, mask_Bx1x1xL, self.deterministic)
+    h = SelfAttention(c, name="attention")(x_BxLxD, mask_BxL, self.deterministic)
     h = drop(h, deterministic=self.deterministic)
     x_BxLxD = layer_norm(c, "attention_layer_norm")(x_BxLxD + h).astype(c.compute_dtype)
     h = FeedForward(c, name="mlp")(x_BxLxD)
@@ -195,7 +176,7 @@ class Encoder(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x_BxLxD, mask_Bx1x1xL, deterministic: bool):
+  def __call__(self, x_BxLxD, mask_BxL, deterministic: bool):
     c = self.config
     layer_cls = TransformerLayer
     if c.remat_policy != "none":
@@ -207,8 +188,8 @@ class Encoder(nn.Module):
           split_rngs={"params": True, "dropout": True},
           in_axes=nn.broadcast, length=c.num_layers,
           metadata_params={nn.PARTITION_NAME: "layers"})
-      x_BxLxD, _ = stack(c, deterministic, name="layers")(x_BxLxD, mask_Bx1x1xL)
+      x_BxLxD, _ = stack(c, deterministic, name="layers")(x_BxLxD, mask_BxL)
     else:
       for i in range(c.num_layers):
-        x_BxLxD, _ = layer_cls(c, deterministic, name=f"layer_{i}")(x_BxLxD, mask_Bx1x1xL)
+        x_BxLxD, _ = layer_cls(c, deterministic, name=f"layer_{i}")(x_BxLxD, mask_BxL)
     return x_BxLxD

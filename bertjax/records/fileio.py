@@ -4,13 +4,19 @@ Every module that touches a data, checkpoint-side or export file goes
 through here, so each path scheme and each write rule is written once:
 
 * A path with "://" in it is remote and goes through `tf.io.gfile`
-  (TensorFlow is imported only then), or through the file system registered
-  for its scheme with `register_filesystem`; anything else is local and uses
-  the standard library.
+  (TensorFlow is imported only then, by `tensorflow()`, which hides every
+  accelerator from it; tf.data input and TF1 checkpoints use the same
+  import), or through the file system registered for its scheme with
+  `register_filesystem`; anything else is local and uses the standard
+  library.
 * `glob` leaves out temporaries (hidden names, and names with a `.tmp` or
   `.tmp-PID` part, which interrupted writes leave behind), so a pattern such
   as `dir/*` matches only finished files.
-* `open_read` decompresses names ending in `.gz`.
+* `open_read` (an `InputFile`) decompresses names ending in `.gz` and
+  names the file in its errors; `open_binary` gives the stored bytes, for
+  reads of byte ranges.
+* `expand` turns a flag's comma-separated globs (or directories) into files,
+  naming the flag and the pattern that matches nothing.
 * `write_bytes` / `write_text` write a whole file at once: locally to a
   hidden temporary name in the same directory, then renamed, so a reader (or
   a training glob such as `dir/*`) never sees a partial file; remotely in one
@@ -25,6 +31,7 @@ import logging
 import os
 import re
 import time
+import zlib
 from typing import Any, Callable, IO, Iterator, Optional, TypeVar
 
 T = TypeVar("T")
@@ -51,12 +58,34 @@ def is_remote(path: str) -> bool:
   return "://" in path
 
 
+_tf_module = None
+
+
+def tensorflow():
+  """TensorFlow, imported on first use with every accelerator hidden from it
+  (bertjax uses it for files, tf.data and TF1 checkpoints, never for compute
+  on a device, whose memory it leaves to JAX)."""
+  global _tf_module
+  if _tf_module is None:
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    for kind in ("GPU", "TPU"):
+      try:
+        tf.config.set_visible_devices([], kind)
+      except (RuntimeError, ValueError):  # Already initialised, or no such kind.
+        pass
+    if tf.config.get_visible_devices("GPU"):
+      logging.warning("TensorFlow was initialised elsewhere first and sees GPUs; "
+                      "call tf.config.set_visible_devices([], 'GPU') before any "
+                      "other TensorFlow use so that it leaves their memory to JAX.")
+    _tf_module = tf
+  return _tf_module
+
+
 def _gfile(path: str = ""):
   registered = _FILESYSTEMS.get(path.split("://", 1)[0]) if "://" in path else None
   if registered is not None:
     return registered
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return tf.io.gfile
+  return tensorflow().io.gfile
 
 
 _TEMPORARY = re.compile(r"\.tmp(-\d+)?(\.|$)")
@@ -92,10 +121,39 @@ def readable(path: str) -> bool:
 
 
 def walk_files(directory: str) -> list[str]:
-  """Every file under a directory, recursively, sorted."""
+  """Every file under a directory, recursively, sorted; temporaries (see
+  `is_temporary`) are left out, as `glob` leaves them out."""
   walk = _gfile(directory).walk if is_remote(directory) else os.walk
   return sorted(os.path.join(root, name) for root, _, names in walk(directory)
-                for name in names)
+                for name in names if not is_temporary(name))
+
+
+def expand(patterns: str, flag: str, directories: bool = False) -> list[str]:
+  """The files of comma-separated globs, in order, each once.
+
+  With `directories`, each pattern names a directory whose files (all, at
+  any depth) are taken. ValueError naming `flag` when nothing is given, a
+  pattern matches no files, a directory is not one, or a file is not
+  readable.
+  """
+  if not patterns:
+    raise ValueError(f"{flag} is required (comma-separated file globs).")
+  files = []
+  for pattern in patterns.split(","):
+    pattern = pattern.strip()
+    if not pattern:
+      continue
+    if directories and not isdir(pattern):
+      raise ValueError(f"{flag}: {pattern} is not a directory (every file "
+                       "under the given directories is read).")
+    found = walk_files(pattern) if directories else glob(pattern)
+    if not found:
+      raise ValueError(f"{flag}: {pattern!r} matches no files.")
+    for path in found:
+      if not readable(path):
+        raise ValueError(f"{flag}: {path} is not readable.")
+    files.extend(found)
+  return list(dict.fromkeys(files))
 
 
 def listdir(directory: str) -> list[str]:
@@ -146,10 +204,63 @@ def open_text(path: str, mode: str = "r") -> IO[str]:
   return open(path, mode, encoding="utf-8")  # pylint: disable=consider-using-with
 
 
-def open_read(path: str) -> IO[bytes]:
+class InputFile:
+  """A local or remote file read from its start, decompressed if its name
+  ends in `.gz`.
+
+  Iterating gives its lines as bytes; `read()` the rest of it.
+  `stored_bytes_read` is how far into the stored (for .gz compressed) file
+  reading has got, for progress reports. A corrupt .gz, or another error
+  that a retry cannot cure, raises ValueError naming the file; transient
+  errors (`is_transient`) are raised as they are, so `retry` can retry them.
+  """
+
+  def __init__(self, path: str):
+    self.path = path
+    self._raw = open_binary(path)
+    self._file = self._raw
+    if path.endswith(".gz"):
+      self._file = gzip.GzipFile(fileobj=self._raw, mode="rb")
+
+  def __enter__(self) -> "InputFile":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+  def close(self) -> None:
+    if self._file is not self._raw:
+      self._file.close()
+    self._raw.close()
+
+  def _check(self, e: Exception) -> None:
+    """Raises ValueError naming the file unless `e` is transient."""
+    if not is_transient(e):
+      kind = "not a valid gzip file" if self.path.endswith(".gz") else "read error"
+      raise ValueError(f"{self.path}: {kind} ({e}).") from e
+
+  def __iter__(self) -> Iterator[bytes]:
+    try:
+      yield from self._file
+    except (OSError, EOFError, zlib.error) as e:
+      self._check(e)
+      raise
+
+  def read(self) -> bytes:
+    try:
+      return self._file.read()
+    except (OSError, EOFError, zlib.error) as e:
+      self._check(e)
+      raise
+
+  @property
+  def stored_bytes_read(self) -> int:
+    return self._raw.tell()
+
+
+def open_read(path: str) -> InputFile:
   """A binary reader, decompressing names that end in `.gz`."""
-  raw = open_binary(path)
-  return gzip.GzipFile(fileobj=raw, mode="rb") if path.endswith(".gz") else raw
+  return InputFile(path)
 
 
 def read_bytes(path: str) -> bytes:
@@ -210,7 +321,8 @@ _TRANSIENT_TF_ERRORS = {"UnavailableError", "DeadlineExceededError", "AbortedErr
 def is_transient(error: BaseException) -> bool:
   """True for I/O errors that a retry may cure (timeouts, resets, 5xx)."""
   if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError,
-                        NotADirectoryError)):
+                        NotADirectoryError, gzip.BadGzipFile, EOFError,
+                        zlib.error)):
     return False
   if isinstance(error, OSError):
     return getattr(error, "errno", None) not in _PERMANENT_ERRNOS

@@ -117,12 +117,6 @@ class DatasetMetadata:
     return cls(**d)
 
 
-def _open(path: str, mode: str):
-  """A UTF-8 text file ("r" or "w") through the file layer; the training loop
-  reads and writes its JSON files with it."""
-  return fileio.open_text(path, mode)
-
-
 def metadata_path(directory: str) -> str:
   return os.path.join(directory, METADATA_FILENAME)
 

@@ -38,7 +38,8 @@ from bertjax.records import fileio
 
 INDEX_SUFFIX = ".index"
 HEADER_BYTES = 12  # length + its CRC
-FRAME_OVERHEAD = 16  # header + the data's CRC
+FOOTER_BYTES = 4  # the data's CRC
+FRAME_OVERHEAD = HEADER_BYTES + FOOTER_BYTES
 _SCAN_CHUNK_BYTES = 4 << 20
 _SEARCH_WINDOW_BYTES = 1 << 20
 MASK_DELTA = 0xa282ead8
@@ -63,8 +64,9 @@ def masked_crc32c(data: bytes) -> int:
   return ((((crc >> 15) | (crc << 17)) & 0xffffffff) + MASK_DELTA) & 0xffffffff
 
 
-def is_remote(path: str) -> bool:
-  return fileio.is_remote(path)
+def index_path(path: str) -> str:
+  """The index file beside a shard: its records' offsets as int64s."""
+  return path + INDEX_SUFFIX
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,19 +115,18 @@ def load_index(path: str, *, skip_corrupt: bool = False,
 
 
 def _build_index(path: str, size: int, skip_corrupt: bool) -> FileIndex:
-  index_path = path + INDEX_SUFFIX
-  if fileio.exists(index_path):
+  if fileio.exists(index_path(path)):
     index, problem = _index_from_file(path, size)
     if index is not None:
       return index
     logging.warning("%s: %s; indexing %s by scanning its frames instead.",
-                    index_path, problem, path)
+                    index_path(path), problem, path)
   return _scan(path, size, skip_corrupt)
 
 
 def _index_from_file(path: str, size: int) -> tuple[Optional[FileIndex], str]:
   """(the index from `path`.index, "") if it fits the file, else (None, why)."""
-  with fileio.open_binary(path + INDEX_SUFFIX) as f:
+  with fileio.open_binary(index_path(path)) as f:
     raw = f.read()
   if len(raw) % 8:
     return None, f"{len(raw)} bytes is not a whole number of int64 offsets"

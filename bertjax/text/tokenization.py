@@ -38,10 +38,10 @@ from typing import Optional, Sequence
 import numpy as np
 import tokenizers
 
+from bertjax.records import fileio
 from bertjax.records import schema
 from bertjax.text import ascii_words
 from bertjax.text import basic_tokenizer
-from bertjax.text import corpus
 from bertjax.text import ragged
 
 KINDS = ("wordpiece", "sentencepiece")
@@ -53,7 +53,7 @@ WORD_BOUNDARY = "\u2581"  # SentencePiece's "▁", starting a word's first piece
 def read_vocab(path: str) -> list[str]:
   """The tokens of a WordPiece vocab.txt (one per line) in id order."""
   try:
-    data = corpus.read_bytes(path)
+    data = fileio.read_bytes(path)
   except (OSError, ValueError) as e:
     raise ValueError(f"{path}: cannot read the vocab file ({e}).") from e
   try:
@@ -221,7 +221,7 @@ class SentencePieceTokenizer(Tokenizer):
     self.do_lower_case = bool(do_lower_case)
     if model_proto is None:
       try:
-        model_proto = corpus.read_bytes(model_file)
+        model_proto = fileio.read_bytes(model_file)
       except (OSError, ValueError) as e:
         raise ValueError(f"{model_file}: cannot read the SentencePiece "
                          f"model ({e}).") from e

@@ -35,6 +35,7 @@ from absl import app
 from absl import flags
 import tokenizers
 
+from bertjax.records import fileio
 from bertjax.records import schema
 from bertjax.text import basic_tokenizer
 from bertjax.text import corpus
@@ -58,7 +59,7 @@ def _check_files(files: Sequence[str]) -> None:
   if not files:
     raise ValueError("--input_file: no input files given.")
   for path in files:
-    if not corpus.exists(path):
+    if not fileio.exists(path):
       raise ValueError(f"--input_file: {path} does not exist.")
 
 
@@ -101,7 +102,7 @@ def build_wordpiece_vocab(files: Sequence[str], output_path: str,
   if len(tokens) == len(specials):
     raise ValueError(f"--input_file: no text in {', '.join(files[:3])}.")
   tokens = _complete_alphabet(tokens, len(specials), vocab_size)
-  corpus.write_bytes(output_path, ("\n".join(tokens) + "\n").encode("utf-8"))
+  fileio.write_bytes(output_path, ("\n".join(tokens) + "\n").encode("utf-8"))
   return tokens
 
 
@@ -167,9 +168,9 @@ def train_sentencepiece(files: Sequence[str], model_prefix: str,
                      f"({e}).") from e
   data = model.getvalue()
   path = model_prefix + ".model"
-  corpus.write_bytes(path, data)
+  fileio.write_bytes(path, data)
   sp = spm.SentencePieceProcessor(model_proto=data)
-  corpus.write_bytes(model_prefix + ".vocab", "".join(
+  fileio.write_bytes(model_prefix + ".vocab", "".join(
       f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n"
       for i in range(sp.get_piece_size())).encode("utf-8"))
   return path
@@ -212,7 +213,7 @@ def main(argv):
   if not f.output:
     raise app.UsageError("--output is required.")
   try:
-    files = corpus.expand_inputs(f.input_file)
+    files = fileio.expand(f.input_file, "--input_file")
     if f.tokenizer == "wordpiece":
       tokens = build_wordpiece_vocab(
           files, f.output, vocab_size=f.vocab_size,

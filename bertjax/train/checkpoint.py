@@ -134,30 +134,6 @@ class Checkpointer:
     self._manager.close()
 
 
-def is_bertjax_checkpoint(path: str) -> bool:
-  """A checkpoint directory (with step subdirectories) or one step of it."""
-  from etils import epath  # pylint: disable=g-import-not-at-top
-  p = epath.Path(path)
-  return (p / "params").exists() or any(
-      (child / "params").exists() for child in p.iterdir() if child.is_dir()) if p.exists() else False
-
-
-def load_params(path: str, abstract_params) -> Any:
-  """Only the parameters of a bertjax checkpoint: a checkpoints dir (latest step) or a step dir."""
-  from etils import epath  # pylint: disable=g-import-not-at-top
-  p = epath.Path(path)
-  if not (p / "params").exists():
-    steps = sorted(int(c.name) for c in p.iterdir() if c.is_dir() and c.name.isdigit()
-                   and (c / "params").exists())
-    if not steps:
-      raise ValueError(f"init_from: {path} holds no bertjax checkpoint "
-                       "(no params/ item in it or in a step subdirectory)")
-    p = p / str(steps[-1])
-  logging.info("Reading parameters from %s", p)
-  with ocp.StandardCheckpointer() as ckptr:
-    return ckptr.restore(os.fspath(p / "params"), abstract_params)
-
-
 def rng_to_json(rng) -> list[int]:
   return [int(x) for x in np.asarray(jax.random.key_data(rng)).ravel()]
 

@@ -9,7 +9,9 @@ not hardware utilisation):
   per sequence          2 x D^2 + 2 x 2 D       pooler and NSP classifier
   per masked position   2 x (D^2 + D V)         MLM transform and tied decoder
 
-The decoder runs only at the P masked positions, never at all L tokens.
+The decoder runs only at the P masked positions, never at all L tokens, and
+over the padded vocab (model.padded_vocab_size), since that is what the
+matmul computes.
 """
 
 from bertjax.model.config import BertConfig
@@ -30,16 +32,40 @@ PEAK_TFLOPS = (
 )
 
 
-def peak_tflops(device_kind: str) -> float | None:
-  """Peak bf16 TFLOP/s of one chip, or None when unknown (e.g. CPU)."""
-  for name, tflops in PEAK_TFLOPS:
+# HBM per chip in GiB, matched the same way.
+HBM_GIB = (
+    ("TPU v6 lite", 32.0),
+    ("TPU v6e", 32.0),
+    ("TPU v5p", 95.0),
+    ("TPU v5 lite", 16.0),
+    ("TPU v5e", 16.0),
+    ("TPU v5", 95.0),
+    ("TPU v4", 32.0),
+    ("H200", 141.0),
+    ("H100", 80.0),
+    ("A100", 80.0),
+)
+
+
+def _lookup(table, device_kind: str) -> float | None:
+  for name, value in table:
     if name.lower() in device_kind.lower():
-      return tflops
+      return value
   return None
 
 
+def hbm_gib(device_kind: str) -> float | None:
+  """HBM of one chip in GiB, or None when unknown."""
+  return _lookup(HBM_GIB, device_kind)
+
+
+def peak_tflops(device_kind: str) -> float | None:
+  """Peak bf16 TFLOP/s of one chip, or None when unknown (e.g. CPU)."""
+  return _lookup(PEAK_TFLOPS, device_kind)
+
+
 def forward_flops_per_sequence(c: BertConfig, seq_len: int, num_predictions: int) -> float:
-  d, f, v = c.hidden_size, c.intermediate_size, c.vocab_size
+  d, f, v = c.hidden_size, c.intermediate_size, c.padded_vocab_size
   per_token_layer = 2 * (4 * d * d + 2 * d * f) + 2 * 2 * seq_len * d
   encoder = c.num_layers * seq_len * per_token_layer
   heads = 2 * d * d + 2 * 2 * d + num_predictions * 2 * (d * d + d * v)

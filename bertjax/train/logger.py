@@ -18,6 +18,7 @@ from absl import logging
 
 from bertjax.model.config import BertConfig
 from bertjax.train import flops
+from bertjax.train import profiling
 
 
 class _LibraryInfoFilter:
@@ -69,8 +70,10 @@ class MetricLogger:
   """Averages step metrics over a logging window and writes them out."""
 
   def __init__(self, workdir: str, model_config: BertConfig, total_steps: int,
-               peak_tflops: float = 0.0, clock: Optional[RunClock] = None):
+               peak_tflops: float = 0.0, clock: Optional[RunClock] = None,
+               grad_accum_steps: int = 1):
     self.model_config = model_config
+    self.grad_accum_steps = grad_accum_steps
     self.total_steps = total_steps
     self.num_chips = jax.device_count()
     kind = jax.devices()[0].device_kind
@@ -96,12 +99,14 @@ class MetricLogger:
     self._t0, self._apart0, self._step0 = time.perf_counter(), self.clock.apart(), step
 
   def log_train(self, step: int, phase, host_metrics: list[dict[str, float]],
-                learning_rate: float, data_stats: Optional[dict[str, int]] = None
-                ) -> dict[str, float]:
+                learning_rate: float, data_stats: Optional[dict[str, int]] = None,
+                compiled_step_flops: Optional[float] = None) -> dict[str, float]:
     """Averages the window's metrics, adds rates, prints and writes them.
 
     `data_stats` (the input's counters, e.g. skipped records) go to
-    TensorBoard under data/.
+    TensorBoard under data/. MFU comes from `compiled_step_flops` (XLA's
+    count per device) where XLA counts the whole step, else from the
+    analytic count (profiling.utilisation).
     """
     now = time.perf_counter()
     steps = step - self._step0
@@ -115,8 +120,12 @@ class MetricLogger:
     m.update(learning_rate=learning_rate, step_time=1.0 / max(steps_per_s, 1e-9),
              sequences_per_second=seqs,
              tokens_per_second=seqs * phase.max_seq_length, goodput=self.clock.goodput())
-    util = flops.mfu(self.model_config, phase.max_seq_length, phase.max_predictions_per_seq,
-                     seqs, self.num_chips, self.peak)
+    util, _ = profiling.utilisation(
+        step_seconds=seconds / max(steps, 1), num_chips=self.num_chips,
+        peak_tflops_per_chip=self.peak, model_config=self.model_config,
+        seq_len=phase.max_seq_length, num_predictions=phase.max_predictions_per_seq,
+        global_batch_size=phase.global_batch_size, compiled_step_flops=compiled_step_flops,
+        grad_accum_steps=self.grad_accum_steps)
     if util is not None:
       m["mfu"] = util
     eta = (self.total_steps - step) / max(steps_per_s, 1e-9)

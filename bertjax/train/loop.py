@@ -24,6 +24,7 @@ from bertjax.records import fileio
 from bertjax.records import schema
 from bertjax.train import checkpoint as ckpt_lib
 from bertjax.train import optimizer as opt_lib
+from bertjax.train import profiling
 from bertjax.train import run_config
 from bertjax.train import run_record
 from bertjax.train import sharding as sharding_lib
@@ -64,7 +65,12 @@ def _train_source(config, phase, model_config: BertConfig):
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                        weights_loader: Optional[WeightsLoader] = None) -> dict[str, Any]:
-  """Runs (or resumes) pretraining in `workdir`; returns the final summary."""
+  """Runs (or resumes) pretraining in `workdir`; returns the final summary.
+
+  `weights_loader` reads `config.init_from` (start.WeightsLoader), e.g.
+  bertjax.convert.weights.load_weights, which reads bertjax checkpoints,
+  Hugging Face model directories and the original release's TF1 checkpoints.
+  """
   quiet_library_logs()
   clock = RunClock()  # Wall time from here: goodput counts startup and restore too.
   run, model, tx, recorded = _setup(config)
@@ -87,10 +93,13 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if jax.process_index() == 0:
       run_record.write(workdir, recorded)
     with MetricLogger(workdir, run.model_config, config.total_steps,
-                      config.logging.peak_tflops, clock) as logger, PreemptionGuard() as guard:
+                      config.logging.peak_tflops, clock,
+                      config.optimizer.grad_accum_steps) as logger, PreemptionGuard() as guard:
       trainer = Trainer(run, start.state, start.shardings, start.dropout_rng,
                         checkpointer=checkpointer, logger=logger, guard=guard,
-                        finished_phases=(start.meta or {}).get("phases", {}))
+                        finished_phases=(start.meta or {}).get("phases", {}),
+                        profile=profiling.ProfileWindow(*config.logging.profile_steps,
+                                                        logdir=f"{workdir}/tensorboard"))
       with sharding_lib.mesh_context(run.mesh, sharding_lib.rules(config.mesh)):
         for phase in run.plan:
           if trainer.step < phase.end and not trainer.run_phase(phase):

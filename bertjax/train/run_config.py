@@ -15,7 +15,7 @@ from bertjax.train import sharding as sharding_lib
 from bertjax.train.optimizer import phase_boundaries
 
 _GROUPS = {
-    "": {"seed", "total_steps", "init_from", "allow_changes", "model", "data", "phases",
+    "": {"seed", "total_steps", "init_from", "allow_changes", "compile_cache_dir", "model", "data", "phases",
          "optimizer", "mesh", "checkpoint", "logging"},
     "model": {f.name for f in dataclasses.fields(BertConfig)},
     "data": {"source", "demo_dir", "vocab_hash", "order", "shuffle_block", "skip_corrupt",
@@ -25,7 +25,8 @@ _GROUPS = {
                   "per_phase_warmup", "grad_accum_steps"},
     "mesh": {"data", "fsdp", "tensor", "rules"},
     "checkpoint": {"every_steps", "keep", "async_save"},
-    "logging": {"every_steps", "eval_every_steps", "eval_batches", "peak_tflops"},
+    "logging": {"every_steps", "eval_every_steps", "eval_batches", "peak_tflops",
+                "profile_steps"},
 }
 _PHASE_FIELDS = {"fraction", "max_seq_length", "max_predictions_per_seq",
                  "global_batch_size", "train_files", "eval_files", "warmup_steps"}

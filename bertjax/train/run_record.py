@@ -31,9 +31,10 @@ from bertjax.train import run_config
 RECORD_FILENAME = "config.json"
 # Fields that change nothing the run computes: how often it logs, evaluates
 # and saves, what it evaluates on, where it starts from when not resuming,
-# and how the state is laid out on the devices (restores reshard).
-ALWAYS_SAFE = ("allow_changes", "init_from", "logging.*", "checkpoint.*", "data.prefetch",
-               "data.demo_dir", "mesh.*", "phases.*.eval_files")
+# where compiled programs are cached, and how the state is laid out on the
+# devices (restores reshard).
+ALWAYS_SAFE = ("allow_changes", "init_from", "compile_cache_dir", "logging.*", "checkpoint.*",
+               "data.prefetch", "data.demo_dir", "mesh.*", "phases.*.eval_files")
 # Not a config field: the number of processes, which decides each host's
 # files when data.order is "files".
 PROCESS_COUNT = "process_count"

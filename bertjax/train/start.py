@@ -13,8 +13,9 @@ from bertjax.train import checkpoint as ckpt_lib
 from bertjax.train import state as state_lib
 
 # (path, abstract params, model config) -> params, for config.init_from, e.g.
-# bertjax.convert.weights.load_weights (bertjax checkpoints and Hugging Face
-# model directories; the train layer does not import the convert layer).
+# bertjax.convert.weights.load_weights (bertjax checkpoints, Hugging Face
+# model directories and the original release's TF1 checkpoints; the train
+# layer does not import the convert layer).
 WeightsLoader = Callable[[str, Any, BertConfig], Any]
 
 

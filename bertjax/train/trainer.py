@@ -23,6 +23,7 @@ from bertjax.input import pipeline
 from bertjax.model.config import BertConfig
 from bertjax.train import checkpoint as ckpt_lib
 from bertjax.train import evaluate as eval_lib
+from bertjax.train import profiling
 from bertjax.train import run_config
 from bertjax.train import sharding as sharding_lib
 from bertjax.train import step as step_lib
@@ -65,9 +66,12 @@ class Trainer:
 
   def __init__(self, run: Run, state, shardings, dropout_rng, *,
                checkpointer: ckpt_lib.Checkpointer, logger: MetricLogger,
-               guard: PreemptionGuard, finished_phases: dict[str, Any]):
+               guard: PreemptionGuard, finished_phases: dict[str, Any],
+               profile: profiling.ProfileWindow | None = None):
     self.run, self.state, self.dropout_rng = run, state, dropout_rng
     self.checkpointer, self.logger, self.guard = checkpointer, logger, guard
+    self.profile = profile or profiling.ProfileWindow(0, 0, "")
+    self._step_flops: dict[str, float | None] = {}  # Per phase, from XLA (None: analytic).
     self.phases: dict[str, Any] = dict(finished_phases)
     self.step = int(jax.device_get(state.step))
     self.metrics = StepMetrics(on_nonfinite=(
@@ -92,7 +96,12 @@ class Trainer:
     self.logger.start_window(self.step)
     try:
       while self.step < phase.end:
-        self.state, metrics = self._p_train(self.state, next(batches), self.dropout_rng)
+        batch = next(batches)
+        if phase.name not in self._step_flops:
+          self._step_flops[phase.name] = self._compiled_flops(batch)
+        self.profile.before_step(self.step)
+        self.state, metrics = self._p_train(self.state, batch, self.dropout_rng)
+        self.profile.after_step(self.step, metrics)
         self.step += 1
         self.metrics.add(self.step, metrics)
         if self.step % config.logging.every_steps == 0 or self.step == phase.end:
@@ -105,13 +114,24 @@ class Trainer:
         if self.guard.reached(self.step) and self.step < self.run.plan[-1].end:
           return self._stop_for_preemption(phase)
     finally:
+      self.profile.stop()
       batches.close()
     return True
+
+  def _compiled_flops(self, batch) -> float | None:
+    """XLA's FLOPs of one step per device where it counts the whole step, else
+    None (utilisation then uses the analytic count); one extra compile a phase."""
+    if not profiling.complete_count(self.run.model_config,
+                                    self.run.config.optimizer.grad_accum_steps):
+      return None
+    compiled = self._p_train.lower(self.state, batch, self.dropout_rng).compile()
+    return profiling.compiled_flops(compiled)
 
   def _log(self, phase, source):
     self.logger.log_train(self.step, phase, self.metrics.take_window(),
                           float(self.run.schedule(self.step - 1)),
-                          data_stats=sum_over_hosts(source_stats(source)))
+                          data_stats=sum_over_hosts(source_stats(source)),
+                          compiled_step_flops=self._step_flops.get(phase.name))
 
   def _periodic(self, phase):
     config = self.run.config

@@ -1,0 +1,201 @@
+"""Scaled dot-product attention over BERT's padded sequences, in three kernels.
+
+- `xla`: plain einsum attention with an fp32 softmax and dropout on the
+  probabilities; runs everywhere.
+- `splash`: the Pallas splash-attention kernel (TPU): a bidirectional
+  FullMask, the padding as segment ids (real tokens 1, padding 0, so a real
+  query sees only real keys), lengths padded to a multiple of 128, vmapped over the batch and, under a mesh,
+  run per shard with shard_map (batch over the data axes, heads over the
+  tensor axis). On CPU it runs in Pallas interpret mode, for tests only.
+- `cudnn`: cuDNN flash attention through jax.nn.dot_product_attention
+  (GPU, bf16/fp16), the padding as per-sequence lengths, which assumes
+  right padding (BERT's input_mask is 1...1 0...0).
+
+Neither fused kernel has attention dropout. `auto` takes the fused kernel
+of the platform when it is valid for the config and the sequence length,
+and XLA otherwise (always when attention dropout is on in training); it
+logs its choice and the reason once per distinct choice.
+
+Shapes in names: B batch, L sequence length, N heads, H head size.
+"""
+
+import functools
+import math
+
+from absl import logging
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+IMPLS = ("auto", "xla", "splash", "cudnn")
+FUSED = ("splash", "cudnn")
+# The platform each fused kernel runs on (splash also on CPU, interpreted).
+PLATFORMS = {"splash": ("tpu", "cpu"), "cudnn": ("gpu",)}
+SPLASH_LANES = 128  # Splash blocks are multiples of this; so must L be.
+SPLASH_MAX_BLOCK = 512
+CUDNN_DTYPES = ("bfloat16", "float16")
+
+_logged: set[tuple[str, str]] = set()
+
+
+def target_platform() -> str:
+  """The platform being compiled for: the mesh's devices, else the default backend.
+
+  An ahead-of-time compile for a TPU topology on a CPU host says `tpu`.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  device = None if mesh.empty else getattr(mesh, "abstract_device", None)
+  return device.platform if device is not None else jax.default_backend()
+
+
+def config_problem(impl: str, attention_dropout_rate: float, dtype: str) -> str | None:
+  """Why a fused `impl` cannot run this config (None if it can), naming the fields."""
+  if impl not in FUSED:
+    return None
+  if attention_dropout_rate > 0:
+    return (f"model.attention_impl={impl!r} has no attention dropout, but "
+            f"model.attention_dropout_rate={attention_dropout_rate}: set "
+            "model.attention_dropout_rate=0 or model.attention_impl to 'auto' or 'xla'")
+  if impl == "cudnn" and dtype not in CUDNN_DTYPES:
+    return (f"model.attention_impl='cudnn' needs model.dtype in {CUDNN_DTYPES}, "
+            f"got {dtype!r}")
+  return None
+
+
+def _runtime_problem(impl: str, platform: str) -> str | None:
+  if impl not in FUSED:
+    return None
+  if platform not in PLATFORMS[impl]:
+    return f"model.attention_impl={impl!r} does not run on {platform}"
+  return None
+
+
+def choose(impl: str, *, attention_dropout_rate: float, dtype: str, platform: str,
+           seq_len: int, deterministic: bool) -> tuple[str, str]:
+  """(kernel, reason) for a configured attention_impl; raises ValueError if invalid."""
+  if impl == "xla":
+    return "xla", "model.attention_impl='xla'"
+  if impl in FUSED:
+    problem = (_runtime_problem(impl, platform)
+               or config_problem(impl, 0.0 if deterministic else attention_dropout_rate, dtype))
+    if problem:
+      raise ValueError(problem)
+    return impl, f"model.attention_impl={impl!r}"
+  if not deterministic and attention_dropout_rate > 0:
+    return "xla", (f"model.attention_dropout_rate={attention_dropout_rate} in training: "
+                   "the fused kernels have no attention dropout")
+  fused = {"tpu": "splash", "gpu": "cudnn"}.get(platform)
+  if fused is None:
+    return "xla", f"no fused attention kernel for {platform}"
+  if fused == "splash" and seq_len % SPLASH_LANES:
+    return "xla", (f"sequence length {seq_len} is not a multiple of {SPLASH_LANES}: "
+                   "splash would compute on padding")
+  problem = config_problem(fused, 0.0, dtype)
+  if problem:
+    return "xla", f"{fused} not usable: {problem}"
+  return fused, f"the fused attention kernel for {platform}"
+
+
+def _log_once(kernel: str, reason: str):
+  if (kernel, reason) not in _logged:
+    _logged.add((kernel, reason))
+    logging.info("attention kernel: %s (%s)", kernel, reason)
+
+
+def xla_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, dropout=None,
+                  deterministic: bool = True):
+  """Plain attention with fp32 softmax and (optional) dropout on the probabilities."""
+  head_dim = q_BxLxNxH.shape[-1]
+  logits_BxNxLxL = jnp.einsum("blnh,bsnh->bnls", q_BxLxNxH, k_BxLxNxH,
+                              preferred_element_type=jnp.float32)
+  logits_BxNxLxL = logits_BxNxLxL / jnp.sqrt(jnp.float32(head_dim))
+  big_neg = jnp.finfo(jnp.float32).min
+  logits_BxNxLxL = jnp.where(mask_BxL[:, None, None, :], logits_BxNxLxL, big_neg)
+  probs_BxNxLxL = jax.nn.softmax(logits_BxNxLxL, axis=-1)
+  if dropout is not None:
+    probs_BxNxLxL = dropout(probs_BxNxLxL, deterministic=deterministic)
+  return jnp.einsum("bnls,bsnh->blnh", probs_BxNxLxL.astype(v_BxLxNxH.dtype), v_BxLxNxH)
+
+
+def splash_block_sizes(seq_len: int):
+  """One block over the whole sequence up to 512 (128 -> 128, 512 -> 512)."""
+  from jax.experimental.pallas.ops.tpu import splash_attention as splash  # pylint: disable=g-import-not-at-top
+  b = min(seq_len, SPLASH_MAX_BLOCK)
+  while seq_len % b:
+    b -= SPLASH_LANES
+  return splash.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b,
+                           block_kv_dkv=b, block_kv_dkv_compute=b, block_q_dq=b,
+                           block_kv_dq=b)
+
+
+def _splash_local(q_BxNxLxH, k_BxNxLxH, v_BxNxLxH, seg_BxL, interpret: bool):
+  """Splash over the (local) batch and heads; segment ids keep padding apart."""
+  from jax.experimental.pallas.ops.tpu import splash_attention as splash  # pylint: disable=g-import-not-at-top
+  heads, seq_len = q_BxNxLxH.shape[1], q_BxNxLxH.shape[2]
+  mask = splash.MultiHeadMask([splash.FullMask((seq_len, seq_len))] * heads)
+  kernel = splash.make_splash_mha(mask, block_sizes=splash_block_sizes(seq_len),
+                                  head_shards=1, q_seq_shards=1, interpret=interpret)
+  segments = splash.SegmentIds(q=seg_BxL, kv=seg_BxL)
+  return jax.vmap(kernel)(q_BxNxLxH, k_BxNxLxH, v_BxNxLxH, segments)
+
+
+def _divisible_spec(spec, shape, mesh):
+  """`spec` with each dimension left whole where its mesh axes do not divide it."""
+  def fits(axes, size):
+    axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+    return size % math.prod(mesh.shape[a] for a in axes) == 0
+  return jax.sharding.PartitionSpec(
+      *(axes if fits(axes, size) else None for axes, size in zip(spec, shape)))
+
+
+def splash_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, *, interpret: bool = False):
+  """Splash attention, sharded over batch and heads when a mesh is set.
+
+  A length that is not a multiple of 128 is padded up to one (the extra
+  positions are padding: segment 0) and cut off again.
+  """
+  length = q_BxLxNxH.shape[1]
+  extra = -length % SPLASH_LANES
+  scale = 1.0 / jnp.sqrt(jnp.float32(q_BxLxNxH.shape[-1]))
+  q_BxLxNxH = (q_BxLxNxH * scale).astype(q_BxLxNxH.dtype)
+  pad = lambda t: jnp.pad(t, [(0, 0), (0, extra)] + [(0, 0)] * (t.ndim - 2))
+  heads_major = lambda t: pad(t).transpose(0, 2, 1, 3)
+  q, k, v = (heads_major(t) for t in (q_BxLxNxH, k_BxLxNxH, v_BxLxNxH))
+  seg_BxL = pad(mask_BxL.astype(jnp.int32))
+  local = functools.partial(_splash_local, interpret=interpret)
+  mesh = jax.sharding.get_abstract_mesh()
+  if not mesh.empty:
+    qkv_spec = _divisible_spec(nn.logical_to_mesh_axes(
+        ("activation_batch", "activation_heads", None, None)), q.shape, mesh)
+    seg_spec = jax.sharding.PartitionSpec(qkv_spec[0], None)
+    local = jax.shard_map(local, in_specs=(qkv_spec, qkv_spec, qkv_spec, seg_spec),
+                          out_specs=qkv_spec, check_vma=False)
+  return local(q, k, v, seg_BxL).transpose(0, 2, 1, 3)[:, :length]
+
+
+def cudnn_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, *, implementation="cudnn"):
+  """jax.nn.dot_product_attention with the padding given as sequence lengths.
+
+  The lengths count each row's real tokens, so the mask must be right
+  padding. `implementation="xla"` runs the same call anywhere (for tests).
+  """
+  lengths_B = jnp.maximum(jnp.sum(mask_BxL, axis=-1, dtype=jnp.int32), 1)
+  return jax.nn.dot_product_attention(
+      q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, query_seq_lengths=lengths_B,
+      key_value_seq_lengths=lengths_B, implementation=implementation)
+
+
+def attend(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, *, impl: str,
+           attention_dropout_rate: float, dtype: str, dropout, deterministic: bool):
+  """Attention by the kernel that `impl` resolves to for this platform and length."""
+  platform = target_platform()
+  kernel, reason = choose(impl, attention_dropout_rate=attention_dropout_rate, dtype=dtype,
+                          platform=platform, seq_len=q_BxLxNxH.shape[1],
+                          deterministic=deterministic)
+  _log_once(kernel, reason)
+  if kernel == "splash":
+    return splash_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL,
+                            interpret=platform == "cpu")
+  if kernel == "cudnn":
+    return cudnn_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL)
+  return xla_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, dropout, deterministic)

@@ -1,0 +1,145 @@
+"""Seeing where a run's time goes: the compilation cache, profiler traces, utilisation.
+
+- `enable_compilation_cache(directory)`: JAX's persistent compilation cache,
+  so that the second start of the same program on the same devices loads
+  its executables instead of compiling them. Call it before the first
+  compile of the process.
+- `ProfileWindow(start, count, logdir)`: a `jax.profiler` trace of steps
+  [start, start + count), written where TensorBoard's profile plugin finds
+  it (logdir/plugins/profile/...).
+- `compiled_flops(compiled)`: the FLOPs of one call of a compiled program
+  per device, from XLA's cost analysis (None where the backend gives none);
+  `utilisation(...)`: achieved over peak FLOP/s, from those FLOPs where XLA
+  counts the whole step (unscanned layers), from bertjax's analytic count
+  otherwise. XLA's count includes everything the program computes
+  (recomputation under remat, softmax, LayerNorm, the optimizer), so it is
+  hardware FLOPs; the analytic count is model FLOPs.
+"""
+
+import os
+from typing import Any
+
+from absl import logging
+import jax
+
+from bertjax.model.config import BertConfig
+from bertjax.train import flops as flops_lib
+
+CACHE_EVENTS = ("/jax/compilation_cache/cache_hits", "/jax/compilation_cache/cache_misses")
+
+
+def cache_dir(setting: str, workdir: str) -> str:
+  """config.compile_cache_dir resolved: relative paths are inside the workdir."""
+  if not setting or os.path.isabs(setting) or "://" in setting:
+    return setting
+  return os.path.join(workdir, setting)
+
+
+def enable_compilation_cache(directory: str, min_compile_seconds: float = 1.0) -> str:
+  """Keeps every executable that took at least `min_compile_seconds` to compile in `directory`.
+
+  Local paths and gs:// both work. Entries are keyed by the program, the
+  devices and the JAX/XLA versions, so a changed config or a new slice
+  simply compiles again. Returns the directory.
+  """
+  if not directory:
+    raise ValueError("enable_compilation_cache: the directory is empty")
+  if "://" not in directory:
+    os.makedirs(directory, exist_ok=True)
+  jax.config.update("jax_compilation_cache_dir", directory)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", min_compile_seconds)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  logging.info("compilation cache: %s", directory)
+  return directory
+
+
+class CacheCounter:
+  """Counts persistent-cache hits and misses from JAX's monitoring events."""
+
+  def __init__(self):
+    self.hits = 0
+    self.misses = 0
+    jax.monitoring.register_event_listener(self._on_event)
+
+  def _on_event(self, event: str, **_):
+    if event == CACHE_EVENTS[0]:
+      self.hits += 1
+    elif event == CACHE_EVENTS[1]:
+      self.misses += 1
+
+
+class ProfileWindow:
+  """Traces steps [start, start + count) into `logdir` (count 0: never).
+
+  Call `before_step(step)` before dispatching each step and
+  `after_step(step, outputs)` after it; the trace stops once the last
+  traced step's outputs are ready, so it holds whole steps.
+  """
+
+  def __init__(self, start: int, count: int, logdir: str):
+    if start < 0 or count < 0:
+      raise ValueError(f"logging.profile_steps: start and count must be >= 0, got "
+                       f"({start}, {count})")
+    self.start, self.count, self.logdir = start, count, logdir
+    self.active = False
+    self.done = count == 0
+
+  def before_step(self, step: int):
+    if not self.done and not self.active and self.start <= step < self.start + self.count:
+      jax.profiler.start_trace(self.logdir)
+      self.active = True
+      logging.info("profiler: tracing steps %d-%d into %s", step,
+                   self.start + self.count - 1, self.logdir)
+
+  def after_step(self, step: int, outputs: Any = None):
+    if self.active and step + 1 >= self.start + self.count:
+      self.stop(outputs)
+
+  def stop(self, outputs: Any = None):
+    """Ends the trace (also when the run stops inside the window)."""
+    if self.active:
+      jax.block_until_ready(outputs)
+      jax.profiler.stop_trace()
+      self.active = False
+      self.done = True
+
+
+def compiled_flops(compiled) -> float | None:
+  """FLOPs of one call of `compiled` on one device, from XLA's cost analysis."""
+  try:
+    analysis = compiled.cost_analysis()
+  except Exception:  # pylint: disable=broad-except
+    return None  # Some backends implement no cost analysis.
+  if isinstance(analysis, (list, tuple)):
+    analysis = analysis[0] if analysis else None
+  flops = (analysis or {}).get("flops")
+  return float(flops) if flops and flops > 0 else None
+
+
+def complete_count(model_config: BertConfig, grad_accum_steps: int) -> bool:
+  """Whether XLA's cost analysis counts the whole train step.
+
+  It counts a loop's body once, whatever the trip count, so with scanned
+  layers or scanned micro-batches it sees one layer of many (or one
+  micro-batch of many).
+  """
+  return not model_config.scan_layers and grad_accum_steps == 1
+
+
+def utilisation(*, step_seconds: float, num_chips: int, peak_tflops_per_chip: float | None,
+                model_config: BertConfig, seq_len: int, num_predictions: int,
+                global_batch_size: int, compiled_step_flops: float | None = None,
+                grad_accum_steps: int = 1) -> tuple[float | None, str]:
+  """(achieved / peak FLOP/s, where the FLOPs came from: 'compiled' or 'analytic').
+
+  compiled_step_flops (per device, compiled_flops) is used where XLA counts
+  the whole step (complete_count); otherwise bertjax's analytic count of the
+  global batch. (None, 'no peak') when the chip's peak is unknown (e.g. CPU).
+  """
+  if not peak_tflops_per_chip:
+    return None, "no peak"
+  if compiled_step_flops and complete_count(model_config, grad_accum_steps):
+    return compiled_step_flops / step_seconds / (peak_tflops_per_chip * 1e12), "compiled"
+  sequences_per_second = global_batch_size / step_seconds
+  return flops_lib.mfu(model_config, seq_len, num_predictions, sequences_per_second,
+                       num_chips, peak_tflops_per_chip), "analytic"

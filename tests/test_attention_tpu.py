@@ -1,0 +1,87 @@
+"""Splash attention lowers and compiles for a TPU slice (ahead of time, on this CPU host).
+
+Needs libtpu (`pip install "jax[tpu]"`); skipped where it is not installed.
+A child process with JAX_PLATFORMS=cpu compiles a small model's whole train
+step for a v5e 2x2 slice on a data x tensor mesh (heads split over the
+tensor axis through shard_map) and reports whether the compiled program
+holds the Pallas kernels.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import jax_child
+
+TOPOLOGY = "v5e:2x2"
+
+
+def _child(payload) -> dict:
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+
+  from bertjax.model.bert import BertForPreTraining  # pylint: disable=g-import-not-at-top
+  from bertjax.model.config import BertConfig  # pylint: disable=g-import-not-at-top
+  from bertjax.records import schema  # pylint: disable=g-import-not-at-top
+  from bertjax.train import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  from bertjax.train import state as state_lib  # pylint: disable=g-import-not-at-top
+  from bertjax.train import step as step_lib  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, os.path.join(jax_child.REPO, "configs"))
+  import base  # pylint: disable=g-import-not-at-top
+
+  devices = topologies.get_topology_desc(platform="tpu", topology_name=TOPOLOGY).devices
+  mesh = jax.sharding.Mesh(np.asarray(devices).reshape(2, 1, 2), sharding_lib.MESH_AXES)
+  rules = sharding_lib.rules(base.get_config().mesh)
+  config = BertConfig(vocab_size=256, hidden_size=256, num_layers=2, num_heads=4,
+                      intermediate_size=512, max_position_embeddings=payload["length"],
+                      attention_dropout_rate=0.0, dtype="bfloat16",
+                      attention_impl=payload["impl"])
+  model = BertForPreTraining(config)
+  with sharding_lib.mesh_context(mesh, rules):
+    state, shardings = state_lib.abstract_train_state(model, optax.adamw(1e-4), mesh, rules)
+    batch_s = sharding_lib.batch_sharding(mesh)
+    batch = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_s) for k, (shape, dtype)
+             in schema.batch_shapes(8, payload["length"], 4).items()}
+    rng = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype,
+                               sharding=sharding_lib.replicated(mesh))
+    lowered = step_lib.jit_train_step(shardings, mesh).lower(state, batch, rng)
+    compiled = lowered.compile()
+  text = compiled.as_text()
+  return {"device_kind": devices[0].device_kind,
+          "pallas_calls": text.count("tpu_custom_call"),
+          "splash": "splash" in lowered.as_text()}
+
+
+def _libtpu_path():
+  spec = importlib.util.find_spec("libtpu")
+  return None if spec is None else os.path.dirname(os.path.dirname(spec.origin))
+
+
+@pytest.mark.parametrize("impl,length", [("auto", 128), ("splash", 512), ("xla", 128)])
+def test_train_step_compiles_for_a_tpu_slice(impl, length, tmp_path_factory):
+  libtpu = _libtpu_path()
+  if libtpu is None:
+    pytest.skip("libtpu is not installed (pip install 'jax[tpu]')")
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             PYTHONPATH=os.pathsep.join([jax_child.REPO, os.path.dirname(__file__), libtpu]))
+  done = subprocess.run(
+      [sys.executable, __file__, json.dumps({"impl": impl, "length": length})], env=env,
+      capture_output=True, text=True, timeout=600, check=False)
+  assert done.returncode == 0, done.stderr[-6000:]
+  result = json.loads(done.stdout.strip().splitlines()[-1])
+  assert result["device_kind"].startswith("TPU v5")
+  if impl == "xla":
+    assert result["pallas_calls"] == 0 and not result["splash"], result
+  else:
+    # Forward, dq and dkv kernels in each scanned layer body.
+    assert result["pallas_calls"] >= 3 and result["splash"], result
+
+
+if __name__ == "__main__":
+  print(json.dumps(_child(json.loads(sys.argv[1]))))

@@ -1,0 +1,153 @@
+"""Analytic FLOPs against XLA's count, utilisation, the compilation cache and profiler traces."""
+
+import glob
+import json
+import os
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jax_child
+from bertjax.model.bert import BertForPreTraining
+from bertjax.model.config import BertConfig
+from bertjax.records import schema
+from bertjax.train import flops
+from bertjax.train import profiling
+from bertjax.train import state as state_lib
+from bertjax.train import step as step_lib
+
+BATCH, SEQ, PRED = 4, 64, 8
+
+
+def _config(**changes):
+  return BertConfig(**{**dict(vocab_size=250, vocab_multiple=128, hidden_size=128,
+                                num_layers=3, num_heads=2, intermediate_size=512,
+                                max_position_embeddings=SEQ), **changes})
+
+
+def _abstract_state(model, tx):
+  params = jax.eval_shape(lambda: nn.unbox(state_lib.init_params(model, jax.random.key(0))))
+  return state_lib.TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
+                              opt_state=jax.eval_shape(tx.init, params),
+                              apply_fn=model.apply, tx=tx)
+
+
+def _compiled_step_flops(config):
+  state = _abstract_state(BertForPreTraining(config), optax.adamw(1e-4))
+  batch = {k: jax.ShapeDtypeStruct(s, d)
+           for k, (s, d) in schema.batch_shapes(BATCH, SEQ, PRED).items()}
+  rng = jax.eval_shape(lambda: jax.random.key(0))
+  compiled = jax.jit(step_lib.train_step).lower(state, batch, rng).compile()
+  return profiling.compiled_flops(compiled)
+
+
+def test_analytic_flops_agree_with_xla_and_scan_is_counted_once():
+  unrolled = _config(scan_layers=False)
+  analytic = flops.train_flops_per_sequence(unrolled, SEQ, PRED) * BATCH
+  counted = _compiled_step_flops(unrolled)
+  # XLA also counts softmax, LayerNorm, GELU, the loss and the optimizer:
+  # a few percent on top of the matmuls at this small width.
+  assert analytic < counted < 1.10 * analytic, (counted, analytic)
+  # Scanned, XLA counts the layer body once: two of the three layers go missing.
+  one_layer = analytic - flops.train_flops_per_sequence(
+      unrolled.replace(num_layers=2), SEQ, PRED) * BATCH
+  scanned = _compiled_step_flops(_config(scan_layers=True))
+  assert abs((counted - scanned) - 2 * one_layer) < 0.1 * one_layer, (counted, scanned)
+  assert profiling.complete_count(unrolled, 1)
+  assert not profiling.complete_count(unrolled.replace(scan_layers=True), 1)
+  assert not profiling.complete_count(unrolled, 2)
+
+
+def test_utilisation_uses_xla_flops_only_where_they_are_complete():
+  config = _config(scan_layers=False)
+  common = dict(step_seconds=0.5, num_chips=4, peak_tflops_per_chip=100.0,
+                model_config=config, seq_len=SEQ, num_predictions=PRED, global_batch_size=64)
+  util, source = profiling.utilisation(compiled_step_flops=2e13, **common)
+  assert source == "compiled" and util == pytest.approx(2e13 / 0.5 / 1e14)
+  util, source = profiling.utilisation(compiled_step_flops=2e13, grad_accum_steps=2, **common)
+  expected = flops.train_flops_per_sequence(config, SEQ, PRED) * 128 / 4e14
+  assert source == "analytic" and util == pytest.approx(expected)
+  assert profiling.utilisation(**dict(common, peak_tflops_per_chip=None)) == (None, "no peak")
+
+
+def test_profile_window_traces_exactly_its_steps(tmp_path):
+  window = profiling.ProfileWindow(2, 2, str(tmp_path))
+  f = jax.jit(lambda x: jnp.tanh(x @ x))
+  x = jnp.ones((64, 64))
+  started = []
+  for step in range(6):
+    window.before_step(step)
+    started.append(window.active)
+    x = f(x)
+    window.after_step(step, x)
+  assert started == [False, False, True, True, False, False] and window.done
+  traces = glob.glob(str(tmp_path / "plugins" / "profile" / "*" / "*.xplane.pb"))
+  assert len(traces) == 1 and os.path.getsize(traces[0]) > 0
+  never = profiling.ProfileWindow(0, 0, str(tmp_path / "none"))
+  never.before_step(0)
+  assert not never.active and not os.path.exists(tmp_path / "none")
+  with pytest.raises(ValueError, match=r"logging\.profile_steps"):
+    profiling.ProfileWindow(-1, 2, str(tmp_path))
+
+
+def test_second_start_loads_the_step_from_the_compilation_cache(tmp_path, tmp_path_factory):
+  cache = str(tmp_path / "cache")
+  shared = jax_child.cache_dir(tmp_path_factory)
+  first, _ = jax_child.run(__file__, {"cache": cache}, cache=shared)
+  second, _ = jax_child.run(__file__, {"cache": cache}, cache=shared)
+  assert (first["hits"], first["misses"]) == (0, 1), first
+  assert (second["hits"], second["misses"]) == (1, 0), second
+  assert second["loss"] == first["loss"]
+
+
+def _child(payload):
+  """A fresh process: the cache on, one tiny train step compiled and run."""
+  profiling.enable_compilation_cache(payload["cache"], min_compile_seconds=0.0)
+  model = BertForPreTraining(_config(num_layers=1))
+  tx = optax.adamw(1e-3)
+  params = nn.unbox(state_lib.init_params(model, jax.random.key(0)))
+  state = state_lib.TrainState(step=jnp.zeros([], jnp.int32), params=params,
+                               opt_state=tx.init(params), apply_fn=model.apply, tx=tx)
+  batch = {k: np.ones(s, d) for k, (s, d) in schema.batch_shapes(BATCH, SEQ, PRED).items()}
+  rng = jax.random.key(1)
+  counter = profiling.CacheCounter()  # Counts the train step's compile alone.
+  step_fn = jax.jit(step_lib.train_step).lower(state, batch, rng).compile()
+  hits, misses = counter.hits, counter.misses
+  _, metrics = step_fn(state, batch, rng)
+  return {"hits": hits, "misses": misses, "loss": float(metrics["loss"])}
+
+
+if __name__ == "__main__":
+  print(json.dumps(_child(json.loads(sys.argv[1]))))
+
+
+def test_aot_result_splits_a_chips_hbm_between_its_devices():
+  from bertjax import benchmark  # pylint: disable=g-import-not-at-top
+  r = benchmark.AotResult(
+      topology="v4:2x2x1", devices=8, chips=4, device_kind="TPU v4", mesh={"data": 8},
+      phase="seq128", global_batch_size=256, seq_len=128, attention="splash",
+      compile_seconds=1.0, argument_bytes=10 * 2**30, temp_bytes=7 * 2**30,
+      unaliased_output_bytes=0, compiled_flops=None, analytic_flops=1.0, xla_view_flops=1.0)
+  assert r.hbm_bytes == 16 * 2**30 and r.total_bytes == 17 * 2**30 and r.fits is False
+  r.temp_bytes = 5 * 2**30
+  assert r.fits is True
+  assert benchmark.AotResult(**{**r.__dict__, "device_kind": "cpu"}).fits is None
+
+
+def test_xla_view_of_flops_drops_scanned_layers_and_pallas_attention():
+  from bertjax import benchmark  # pylint: disable=g-import-not-at-top
+  config = _config(scan_layers=True)
+  one_layer = config.replace(num_layers=1)
+  assert benchmark.flops_as_xla_counts(config, SEQ, PRED, 8, "xla") == pytest.approx(
+      8 * flops.train_flops_per_sequence(one_layer, SEQ, PRED))
+  attention_matmuls = 3 * SEQ * 2 * 2 * SEQ * config.hidden_size * 8
+  assert benchmark.flops_as_xla_counts(config, SEQ, PRED, 8, "splash") == pytest.approx(
+      8 * flops.train_flops_per_sequence(one_layer, SEQ, PRED) - attention_matmuls)
+  unrolled = config.replace(scan_layers=False)
+  assert benchmark.flops_as_xla_counts(unrolled, SEQ, PRED, 8, "xla", 2) == pytest.approx(
+      4 * flops.train_flops_per_sequence(unrolled, SEQ, PRED))
