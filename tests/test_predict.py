@@ -14,7 +14,7 @@ from bertjax.convert import inference
 from bertjax.convert import hf_files
 from bertjax.convert import run_vocab
 from bertjax.model.config import BertConfig
-from bertjax.predict import Predictor, _join, _runs
+from bertjax.convert.inference import Predictor, _join, _runs
 from bertjax.text.tokenization import WordPieceTokenizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
