@@ -20,7 +20,6 @@ def test_committed_notebook_has_no_outputs():
 def test_notebook_runs_in_small_mode(tmp_path, monkeypatch):
   monkeypatch.setenv("CI", "true")
   monkeypatch.setenv("BERTJAX_NOTEBOOK_WORKDIR", str(tmp_path / "workdir"))
-  monkeypatch.setenv("MPLBACKEND", "Agg")
   nb = nbformat.read(NOTEBOOK, as_version=4)
   # A failing cell raises CellExecutionError with the cell's traceback.
   NotebookClient(nb, timeout=600, kernel_name="python3",
