@@ -1,4 +1,4 @@
-"""CoNLL-2003 and SWAG data, and the losses of every kind of task."""
+"""CoNLL-2003 (BIO text and TFDS) and SWAG data, and the losses of every kind of task."""
 
 import os
 import sys
@@ -25,7 +25,8 @@ def tokenizer(tmp_path_factory):
 
 
 def _config(data_dir, max_seq_length=16):
-  return ml_collections.ConfigDict({"data_dir": str(data_dir), "max_seq_length": max_seq_length})
+  return ml_collections.ConfigDict({"data_dir": str(data_dir), "tfds_data_dir": "",
+                                    "max_seq_length": max_seq_length})
 
 
 CONLL = """-DOCSTART- -X- -X- O
@@ -70,6 +71,70 @@ def test_conll_unknown_tag_names_file_and_line(tokenizer, tmp_path):
   (tmp_path / "train.txt").write_text(CONLL.replace("B-ORG", "B-ANIMAL"))
   with pytest.raises(LabelError, match=r"train.txt:9: label 'B-ANIMAL'"):
     conll.load("train", tokenizer, _config(tmp_path))
+
+
+# Both CoNLL-2003 sources are written from these (word, tag) sentences; every tag occurs.
+SENTENCES = [
+    [("word1", "B-PER"), ("cats", "I-PER"), ("runs", "O"), ("cat", "B-LOC"), ("dog", "I-LOC")],
+    [("dog", "B-ORG"), ("sits", "I-ORG"), ("word2", "B-MISC"), ("word3", "I-MISC"), (".", "O")],
+]
+
+
+def _write_bio(path, sentences):
+  lines = ["-DOCSTART- -X- -X- O", ""]
+  for sentence in sentences:
+    lines += [f"{word} NN B-NP {tag}" for word, tag in sentence] + [""]
+  path.write_text("\n".join(lines))
+
+
+def _mock_tfds_conll2003(sentences):
+  """tfds.testing.mock_data serving `sentences` as the conll2003 builder's examples,
+  with `ner` as ids into the builder's own tag names."""
+  tfds = pytest.importorskip("tensorflow_datasets")
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  def as_dataset(builder, *args, **kwargs):
+    del args, kwargs
+    names = builder.info.features["ner"].feature.names
+
+    def examples():
+      for sentence in sentences:
+        zeros = [0] * len(sentence)
+        yield {"tokens": [w for w, _ in sentence], "pos": zeros, "chunks": zeros,
+               "ner": [names.index(t) for _, t in sentence]}
+    signature = {k: tf.TensorSpec([None], tf.string if k == "tokens" else tf.int64)
+                 for k in builder.info.features}
+    return tf.data.Dataset.from_generator(examples, output_signature=signature)
+  return tfds.testing.mock_data(as_dataset_fn=as_dataset)
+
+
+@pytest.mark.parametrize("order", ["tfds", "reversed"])
+def test_conll_from_tfds_equals_the_bio_file(order, tokenizer, tmp_path, monkeypatch):
+  if order == "reversed":  # Ids follow the task's labels by name, not TFDS's order.
+    monkeypatch.setattr(conll, "LABELS", conll.LABELS[::-1])
+  _write_bio(tmp_path / "valid.txt", SENTENCES)
+  from_file = conll.load("dev", tokenizer, _config(tmp_path))
+  with _mock_tfds_conll2003(SENTENCES):
+    from_tfds = conll.load("dev", tokenizer, _config(""))
+  assert len(from_tfds) == len(from_file) == 2
+  assert sorted(from_tfds.arrays) == sorted(from_file.arrays)
+  for key, value in from_file.arrays.items():
+    np.testing.assert_array_equal(from_tfds.arrays[key], value, err_msg=key)
+  a = from_tfds.arrays
+  for i, sentence in enumerate(SENTENCES):
+    labelled = a["labels"][i][a["label_weights"][i] > 0]
+    assert list(labelled) == [conll.LABELS.index(t) for _, t in sentence]
+  logits = np.eye(len(conll.LABELS))[a["labels"]]
+  logits[1, 3] = np.eye(len(conll.LABELS))[conll.LABELS.index("O")]  # Misses B-MISC.
+  assert from_tfds.score(logits) == from_file.score(logits)
+  assert from_tfds.score(logits)["recall"] == pytest.approx(3 / 4)
+
+
+def test_conll_tfds_tag_outside_the_labels_names_it(tokenizer, monkeypatch):
+  monkeypatch.setattr(conll, "LABELS", tuple(t for t in conll.LABELS if t != "I-MISC"))
+  with _mock_tfds_conll2003(SENTENCES), pytest.raises(
+      LabelError, match=r"tfds conll2003\[dev\] example 1 word 3: label 'I-MISC'"):
+    conll.load("dev", tokenizer, _config(""))
 
 
 SWAG = """,video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label

@@ -1,11 +1,13 @@
-"""CoNLL-2003 named entities: BIO text -> per-token labels; span F1 with seqeval.
+"""CoNLL-2003 named entities: BIO text or TFDS `conll2003` -> per-token labels; span F1.
 
 Files: train.txt and valid.txt (the dev split) in the shared-task layout, one
 "word POS chunk NER" line per word, a blank line between sentences and
--DOCSTART- lines between documents. As in the paper, each word's first
-sub-token carries its label (label_weights 1) and the other sub-tokens are
-ignored (no CRF). Words past max_seq_length are predicted "O", so every word
-of the dev set counts in the score.
+-DOCSTART- lines between documents. With data_dir empty, TFDS `conll2003`
+(splits train and dev): each sentence's `ner` ids become the builder's tag
+names, which map onto LABELS by name, so both sources give the same label ids.
+As in the paper, each word's first sub-token carries its label (label_weights
+1) and the other sub-tokens are ignored (no CRF). Words past max_seq_length are
+predicted "O", so every word of the dev set counts in the score.
 """
 
 import functools
@@ -19,6 +21,7 @@ from bertjax.tasks.split import Split, label_ids
 
 LABELS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
 FILES = {"train": "train.txt", "dev": "valid.txt"}
+TFDS_NAME = "conll2003"  # Its splits carry this module's split names, train and dev.
 
 
 def read_sentences(path: str) -> tuple[list[list[str]], list[list[str]], list[list[str]]]:
@@ -37,6 +40,22 @@ def read_sentences(path: str) -> tuple[list[list[str]], list[list[str]], list[li
     tags.append(parts[-1])
     where.append(f"{path}:{line_no}")
   return ([s[0] for s in sentences], [s[1] for s in sentences], [s[2] for s in sentences])
+
+
+def read_tfds(split: str, data_dir: str) -> tuple[list[list[str]], list[list[str]],
+                                                  list[list[str]]]:
+  """(words, tag names, "tfds conll2003[split] example i word j" of each word) per sentence."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  builder = tfds.builder(TFDS_NAME, data_dir=data_dir or None)
+  names = builder.info.features["ner"].feature.names
+  ds = tfds.load(TFDS_NAME, split=split, data_dir=data_dir or None, shuffle_files=False)
+  words, tags, where = [], [], []
+  for i, ex in enumerate(tfds.as_numpy(ds)):
+    words.append([w.decode("utf-8") for w in ex["tokens"]])
+    tags.append([names[int(t)] for t in ex["ner"]])
+    where.append([f"tfds {TFDS_NAME}[{split}] example {i} word {j}"
+                  for j in range(len(ex["tokens"]))])
+  return words, tags, where
 
 
 def encode(tokenizer, words: list[list[str]], tag_ids: list[np.ndarray], max_seq_length: int):
@@ -75,13 +94,17 @@ def score(gold: list[list[str]], first_positions, logits_NxLxC) -> dict[str, flo
 
 
 def load(split: str, tokenizer, config) -> Split:
+  """`split` is "train" or "dev". With data_dir, reads its BIO files; else TFDS conll2003."""
   if split not in FILES:
     raise ValueError(f"task conll2003 has no split {split!r}; splits: {sorted(FILES)}")
-  path = os.path.join(config.data_dir, FILES[split])
-  if not config.data_dir or not fileio.exists(path):
-    raise FileNotFoundError(f"--config.data_dir={config.data_dir}: no {FILES[split]} "
-                            "(CoNLL-2003 train.txt and valid.txt)")
-  words, tags, where = read_sentences(path)
+  if config.data_dir:
+    path = os.path.join(config.data_dir, FILES[split])
+    if not fileio.exists(path):
+      raise FileNotFoundError(f"--config.data_dir={config.data_dir}: no {FILES[split]} "
+                              "(CoNLL-2003 train.txt and valid.txt)")
+    words, tags, where = read_sentences(path)
+  else:
+    words, tags, where = read_tfds(split, config.tfds_data_dir)
   tag_ids = [label_ids(t, LABELS, w, "conll2003") for t, w in zip(tags, where)]
   arrays, first_positions = encode(tokenizer, words, tag_ids, config.max_seq_length)
   return Split(split, arrays, functools.partial(score, tags, first_positions))

@@ -3,7 +3,8 @@
   python -m bertjax.finetune --config=configs/finetune/ner.py \
       --config.init_from=DIR --config.data_dir=conll2003 --workdir=DIR
 
-data_dir holds train.txt and valid.txt; the dev score is seqeval's span F1.
+data_dir holds train.txt and valid.txt (BIO); with data_dir empty the splits come
+from TFDS `conll2003` (in tfds_data_dir). The dev score is seqeval's span F1.
 """
 
 import os
