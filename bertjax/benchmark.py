@@ -8,7 +8,7 @@ step). With --topology (e.g. v5e:2x4, v4:2x2x1) it instead compiles the step
 ahead of time for that TPU slice on this machine (needs `pip install
 jax[tpu]` and JAX_PLATFORMS=cpu) and prints the per-device memory the program
 needs, whether it fits the device's HBM, and XLA's FLOPs against the
-analytic count, which proves that it compiles and fits before any TPU is
+analytic count, which shows that it compiles and fits before any TPU is
 booked; --find_max_batch binary-searches the largest per-device batch that
 fits. bertjax/benchmarks/tpu_fit_table.py runs this over configs and slices."""
 

@@ -17,13 +17,13 @@ def get_config() -> ml_collections.ConfigDict:
 
   config.seed = 0  # Seeds parameter init, dropout and the data order.
   config.total_steps = 1_000_000  # Optimizer steps over all phases together.
-  config.init_from = ""  # Weights to start from when the workdir has no checkpoint: a bertjax checkpoint dir or a Hugging Face model dir.
+  config.init_from = ""  # Weights to start from when the workdir has no checkpoint: a bertjax checkpoint dir, a Hugging Face model dir or the original release's TF1 checkpoint dir.
   config.compile_cache_dir = "compile_cache"  # Persistent XLA compilation cache: relative to the workdir, or an absolute or gs:// path; "" turns it off. A restart of the same config compiles from it.
   config.allow_changes = ""  # Comma-separated fields (e.g. total_steps,phases.*.train_files) that may differ from the run recorded in workdir/config.json when resuming; logged.
 
   # The architecture (bertjax.model.config.BertConfig).
   config.model = ml_collections.ConfigDict()
-  config.model.vocab_size = 30522  # Must equal the data's vocab size (checked against metadata.json).
+  config.model.vocab_size = 30522  # At least the data's vocab size (checked against metadata.json); 0 takes the data's.
   config.model.vocab_multiple = 128  # Word table and MLM bias padded to a multiple of this (MXU lanes); exports carry vocab_size rows.
   config.model.hidden_size = 768  # H.
   config.model.num_layers = 12  # L.

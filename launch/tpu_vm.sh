@@ -17,8 +17,8 @@
 #   launch/tpu_vm.sh watch configs/large.py gs://... [overrides]   # keep the run alive
 #   launch/tpu_vm.sh delete
 #
-# `train` runs `check` first, then starts training in a tmux session on every
-# host and returns; the session outlives the SSH connection. Each host logs to
+# `train` runs `check` first, then starts training under tmux on every host and
+# returns; tmux keeps it running after the SSH connection closes. Each host logs to
 # ~/bertjax_run/train.log and copies the log to WORKDIR/logs/HOST.log every
 # LOG_SYNC_SECONDS. `watch` does what `train` does, then polls every
 # WATCH_INTERVAL seconds: when the slice is preempted it deletes and re-creates

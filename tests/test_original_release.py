@@ -21,7 +21,7 @@ import data_utils
 
 
 
-HELPER = os.path.join(os.path.dirname(__file__), "original_release.py")
+ORIGINAL_SCRIPT = os.path.join(os.path.dirname(__file__), "original_release.py")
 L, P, DUPE = 128, 20, 10
 
 
@@ -75,7 +75,7 @@ def test_tokens_equal_the_originals_tokenizer(made, tmp_path):
   in_json, out_json = tmp_path / "texts.json", tmp_path / "ids.json"
   in_json.write_text(json.dumps(texts))
   for lower in (True, False):
-    _run(HELPER, "tokenize", made["vocab"], int(lower), in_json, out_json)
+    _run(ORIGINAL_SCRIPT, "tokenize", made["vocab"], int(lower), in_json, out_json)
     want = json.loads(out_json.read_text())
     tok = creation.TokenizerSpec("wordpiece", made["vocab"], lower).load()
     got = tok.encode_batch(texts)
@@ -105,7 +105,7 @@ def test_bertjax_reads_the_originals_records(made):
 
 def test_the_originals_reader_reads_bertjax_records(made, tmp_path):
   out = tmp_path / "read.npz"
-  _run(HELPER, "read", L, P, out, *made["ours"])
+  _run(ORIGINAL_SCRIPT, "read", L, P, out, *made["ours"])
   got = np.load(out)
   want = _parse(made["ours"])
   n = len(got["input_ids"])

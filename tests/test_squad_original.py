@@ -15,11 +15,11 @@ from bertjax.tasks import squad_postprocess
 
 
 # The original release (bert-tensorflow); its run_squad.py itself needs
-# TensorFlow 1's tf.contrib and is imported with stubs by the helper.
+# TensorFlow 1's tf.contrib and is imported with stubs by tests/squad_original.py.
 pytest.importorskip("bert.tokenization")
 pytest.importorskip("tensorflow")
 
-HELPER = os.path.join(os.path.dirname(__file__), "squad_original.py")
+ORIGINAL_SCRIPT = os.path.join(os.path.dirname(__file__), "squad_original.py")
 # Small windows, so the long paragraph spans several with overlaps, and a
 # short query limit, so long questions are cut.
 LENGTHS = {"max_seq_length": 40, "doc_stride": 12, "max_query_length": 10}
@@ -46,7 +46,7 @@ def _logits(features, seed):
 
 
 def _prepare(root, version_2):
-  """Our predictions in root/ours; the helper's spec for the original's."""
+  """Our predictions in root/ours; the script's spec for the original's."""
   data = squad_fixtures.squad_v2() if version_2 else squad_fixtures.squad_v1()
   path = squad_fixtures.write_json(root / "data.json", data)
   tok = squad_fixtures.tokenizer(str(root), data)
@@ -74,7 +74,7 @@ def _runs(tmp_path_factory):
   runs = {v2: _prepare(tmp_path_factory.mktemp(f"squad_v2_{v2}"), v2)
           for v2 in (False, True)}
   args = [str(x) for r in runs.values() for x in (r["spec"], r["out"])]
-  result = subprocess.run([sys.executable, HELPER, *args], capture_output=True,
+  result = subprocess.run([sys.executable, ORIGINAL_SCRIPT, *args], capture_output=True,
                           text=True, timeout=600, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   return runs

@@ -24,7 +24,7 @@ from bertjax.text import ascii_words
 from bertjax.text import tokenization
 from bertjax.text import vocab as vocab_lib
 
-HELPER = os.path.join(os.path.dirname(__file__), "original_release.py")
+ORIGINAL_SCRIPT = os.path.join(os.path.dirname(__file__), "original_release.py")
 # Scripts and symbols the parity vocab covers (every character, its lower
 # case and its decomposition, each also as a "##" continuation).
 _RANGES = ((0x21, 0x7F), (0xA0, 0x250), (0x300, 0x370), (0x370, 0x500),
@@ -136,7 +136,7 @@ def oracle(tmp_path_factory):
   in_json, out_json = root / "texts.json", root / "ids.json"
   in_json.write_text(json.dumps(flat))
   result = subprocess.run(
-      [sys.executable, HELPER, "tokenize-cases", path, in_json, out_json],
+      [sys.executable, ORIGINAL_SCRIPT, "tokenize-cases", path, in_json, out_json],
       text=True, capture_output=True, timeout=600, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   ids = json.loads(out_json.read_text())

@@ -104,9 +104,10 @@ class MetricLogger:
     """Averages the window's metrics, adds rates, prints and writes them.
 
     `data_stats` (the input's counters, e.g. skipped records) go to
-    TensorBoard under data/. MFU comes from `compiled_step_flops` (XLA's
-    count per device) where XLA counts the whole step, else from the
-    analytic count (profiling.utilisation).
+    TensorBoard under data/. The utilisation logged as MFU comes from
+    `compiled_step_flops` (XLA's count per device, recomputation included,
+    so hardware FLOPs) where XLA counts the whole step, else from the
+    analytic model FLOPs (profiling.utilisation).
     """
     now = time.perf_counter()
     steps = step - self._step0

@@ -6,8 +6,9 @@ jits them with explicit shardings and donates the state. The loss is the
 masked-LM cross entropy averaged over `masked_lm_weights` plus the
 next-sentence cross entropy averaged over real examples. With gradient
 accumulation the global batch is split into micro-batches whose gradients
-add up to exactly the gradient of the whole batch: every micro-batch loss is
-divided by the whole batch's weight totals.
+add up to the gradient of the whole batch (up to float rounding, and with
+each micro-batch drawing its own dropout): every micro-batch loss is divided
+by the whole batch's weight totals.
 """
 
 import functools
