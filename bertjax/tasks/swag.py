@@ -36,7 +36,10 @@ def load(split: str, tokenizer, config) -> Split:
   if split not in FILES:
     raise ValueError(f"task swag has no split {split!r}; splits: {sorted(FILES)}")
   path = os.path.join(config.data_dir, FILES[split])
-  if not config.data_dir or not fileio.exists(path):
+  if not config.data_dir:
+    raise FileNotFoundError("--config.data_dir: SWAG is read from its train.csv and val.csv "
+                            "(TFDS has no SWAG dataset); set it to their directory")
+  if not fileio.exists(path):
     raise FileNotFoundError(f"--config.data_dir={config.data_dir}: no {FILES[split]} "
                             "(SWAG train.csv and val.csv)")
   rows, where = read_rows(path)

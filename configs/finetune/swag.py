@@ -18,6 +18,7 @@ import glue  # pylint: disable=g-import-not-at-top,wrong-import-position
 def get_config() -> ml_collections.ConfigDict:
   config = glue.get_config()  # 3 epochs, 10% warmup, dropout 0.1.
   config.task = "swag"  # Four (context, ending) sequences per example.
+  config.data_dir = ""  # Directory of SWAG's train.csv and val.csv: required (TFDS has no SWAG).
   config.max_seq_length = 128  # Per choice: [CLS] sent1 [SEP] sent2 ending [SEP].
   config.global_batch_size = 16  # The paper's SWAG batch.
   config.eval_batch_size = 16  # Examples (of four sequences each) per prediction step.
