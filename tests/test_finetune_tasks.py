@@ -211,3 +211,11 @@ def test_token_and_multiple_choice_tasks_run_end_to_end(task, tmp_path):
   assert results["steps"] == 2 and dev["num_examples"] == 2
   key = "accuracy" if task == "swag" else "f1"
   assert 0.0 <= dev[key] <= 1.0
+
+
+def test_swag_without_data_dir_says_tfds_has_no_swag():
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from bertjax.tasks import swag  # pylint: disable=g-import-not-at-top
+  config = ml_collections.ConfigDict({"data_dir": "", "max_seq_length": 16})
+  with pytest.raises(FileNotFoundError, match="TFDS has no SWAG dataset"):
+    swag.load("train", None, config)
