@@ -12,7 +12,7 @@
 #       --config.phases.seq128.train_files="gs://my-bucket/data/train_128/*.tfrecord" \
 #       --config.phases.seq512.train_files="gs://my-bucket/data/train_512/*.tfrecord"
 #   launch/tpu_vm.sh status    # slice state, and per host: running / exited with code N
-#   launch/tpu_vm.sh logs      # follow host 0's log (WORKER=N for another host)
+#   launch/tpu_vm.sh logs      # follow host 0's log (WORKER=N another host, LOG_LINES=N history)
 #   launch/tpu_vm.sh stop      # SIGTERM on every host: checkpoint, then exit
 #   launch/tpu_vm.sh watch configs/large.py gs://... [overrides]   # keep the run alive
 #   launch/tpu_vm.sh delete
@@ -126,7 +126,7 @@ train() {
     copy="gcloud storage cp -q $RUN_DIR/train.log $(printf %q "$workdir")/logs/\$(hostname).log"
   fi
   script="cd ~/bertjax
-(while sleep $LOG_SYNC_SECONDS; do $copy; done) & sync=\$!
+(trap 'kill \$s 2>/dev/null; exit' TERM; while :; do sleep $LOG_SYNC_SECONDS & s=\$!; wait \$s; $copy; done) & sync=\$!
 $cmd >> $RUN_DIR/train.log 2>&1
 code=\$?
 kill \$sync; $copy
@@ -211,7 +211,7 @@ case "${1:-}" in
     if queued; then echo "queued resource $QR_NAME: $(qr_state)"; fi
     host_status
     ;;
-  logs) tpu ssh "$TPU_NAME" --worker="${WORKER:-0}" --command="tail -n ${LINES:-100} -F $RUN_DIR/train.log" ;;
+  logs) tpu ssh "$TPU_NAME" --worker="${WORKER:-0}" --command="tail -n ${LOG_LINES:-100} -F $RUN_DIR/train.log" ;;
   stop) on_all_hosts "pkill -TERM -f 'bertjax.main' || true" ;;
   watch) watch "${2:?config file}" "${3:?workdir}" "${@:4}" ;;
   delete) delete ;;

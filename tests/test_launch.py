@@ -44,6 +44,7 @@ class Slice:
                     ZONE="us-central2-b", PROJECT="proj", ACCELERATOR="v4-16",
                     REPO_URL="https://example.com/bertjax.git", WATCH_INTERVAL="0",
                     FAKE_GCLOUD_WORLD=str(self.dir))
+    self.env.pop("LOG_LINES", None)
     os.environ["FAKE_GCLOUD_WORLD"] = str(self.dir)
     import fake_gcloud  # pylint: disable=g-import-not-at-top
     fake_gcloud.WORLD = str(self.dir)
