@@ -7,7 +7,8 @@ this process's id and the coordinator (jax.distributed.initialize() finds
 them itself), and CPU collectives go through gloo. Runs train_and_evaluate
 on a tiny model over DATA_DIR with the global data order. With SIGTERM_AT > 0
 the last process sends itself a real SIGTERM once step SIGTERM_AT is logged,
-as a platform's preemption notice reaches one host. Prints the summary and
+as a platform's preemption notice reaches one host, and every process then
+waits a second after each logged step, as slower steps would. Prints the summary and
 a digest of the parameters of the last checkpoint (equal digests: bitwise
 equal parameters), and writes this host's files of the default (files) order
 to WORKDIR/files-<id>.json.
@@ -18,6 +19,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import jax
 from absl import logging
@@ -59,13 +61,17 @@ config.mesh.update(data=2, fsdp=2, tensor=2)
 config.checkpoint.update(every_steps=100, async_save=True)
 config.logging.update(every_steps=1, eval_every_steps=0, eval_batches=0)
 
-if sigterm_at and jax.process_index() == jax.process_count() - 1:
+if sigterm_at:
   log_train = loop.MetricLogger.log_train
 
   def log_then_signal(self, step, *args, **kwargs):
     out = log_train(self, step, *args, **kwargs)
-    if step == sigterm_at:
+    if step == sigterm_at and jax.process_index() == jax.process_count() - 1:
       os.kill(os.getpid(), signal.SIGTERM)
+    if step >= sigterm_at:
+      # Steps of a few milliseconds could all finish before the notice has
+      # gone through the coordination service; a pod's steps take longer.
+      time.sleep(1.0)
     return out
   loop.MetricLogger.log_train = log_then_signal
 
