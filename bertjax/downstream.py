@@ -12,6 +12,7 @@ import sys
 import jax
 
 from bertjax.convert.weights import load_weights
+from bertjax.records import fileio
 from bertjax.tasks import loop
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,16 +26,13 @@ def finetune(config, workdir: str) -> dict:
   if not config.within_workdir:
     return _run(config, workdir)
   for field in ("init_from", "data_dir", "vocab_file"):
-    if config[field] and not os.path.isabs(config[field]) and "://" not in config[field]:
-      config[field] = os.path.join(workdir, config[field])
+    config[field] = fileio.under(workdir, config[field])
   result = _run(config, os.path.join(workdir, "downstream"))
   summary_path = os.path.join(workdir, "summary.json")
-  if jax.process_index() == 0 and os.path.exists(summary_path):
-    with open(summary_path, encoding="utf-8") as f:
-      summary = json.load(f)
+  if jax.process_index() == 0 and fileio.exists(summary_path):
+    summary = json.loads(fileio.read_text(summary_path))
     summary["downstream"] = result
-    with open(summary_path, "w", encoding="utf-8") as f:
-      f.write(json.dumps(summary, indent=2, sort_keys=True))
+    fileio.write_text(summary_path, json.dumps(summary, indent=2, sort_keys=True))
   return result
 
 

@@ -146,3 +146,10 @@ def test_corrupt_gzip_is_named_and_not_retried(tmp_path):
   with pytest.raises(ValueError, match=r"bad\.txt\.gz: not a valid gzip"):
     fileio.retry(read, "read", initial_delay=0.001)
   assert len(calls) == 1
+
+
+def test_under_joins_only_relative_local_paths():
+  assert fileio.under("/w", "demo_data") == "/w/demo_data"
+  assert fileio.under("/w", "/abs/dir") == "/abs/dir"
+  assert fileio.under("/w", "gs://bucket/dir") == "gs://bucket/dir"
+  assert fileio.under("/w", "") == ""

@@ -276,10 +276,7 @@ def prepare_config(config, workdir: str, **data_options) -> Optional[dict]:
   """
   if not config.data.demo_dir:
     return None
-  demo_dir = config.data.demo_dir
-  if not os.path.isabs(demo_dir) and not fileio.is_remote(demo_dir):
-    demo_dir = os.path.join(workdir, demo_dir)
-  paths = ensure_demo_data(demo_dir, **data_options)
+  paths = ensure_demo_data(fileio.under(workdir, config.data.demo_dir), **data_options)
   for name, phase in config.phases.items():
     length = phase.max_seq_length
     if length not in paths.get("train", {}):

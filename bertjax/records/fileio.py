@@ -58,6 +58,13 @@ def is_remote(path: str) -> bool:
   return "://" in path
 
 
+def under(base: str, path: str) -> str:
+  """`path` taken relative to `base` unless it is absolute or a URL (or empty)."""
+  if not path or os.path.isabs(path) or is_remote(path):
+    return path
+  return os.path.join(base, path)
+
+
 _tf_module = None
 
 

@@ -23,6 +23,7 @@ from absl import logging
 import jax
 
 from bertjax.model.config import BertConfig
+from bertjax.records import fileio
 from bertjax.train import flops as flops_lib
 
 CACHE_EVENTS = ("/jax/compilation_cache/cache_hits", "/jax/compilation_cache/cache_misses")
@@ -30,9 +31,7 @@ CACHE_EVENTS = ("/jax/compilation_cache/cache_hits", "/jax/compilation_cache/cac
 
 def cache_dir(setting: str, workdir: str) -> str:
   """config.compile_cache_dir resolved: relative paths are inside the workdir."""
-  if not setting or os.path.isabs(setting) or "://" in setting:
-    return setting
-  return os.path.join(workdir, setting)
+  return fileio.under(workdir, setting)
 
 
 def enable_compilation_cache(directory: str, min_compile_seconds: float = 1.0) -> str:
