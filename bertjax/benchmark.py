@@ -14,6 +14,7 @@ fits. bertjax/benchmarks/tpu_fit_table.py runs this over configs and slices."""
 
 import dataclasses
 import math
+import re
 import time
 
 from absl import app
@@ -100,6 +101,7 @@ class AotResult:
   compiled_flops: float | None  # XLA's count for one step on one device.
   analytic_flops: float  # bertjax's model FLOPs for one step of the global batch.
   xla_view_flops: float  # The analytic count as XLA counts it (see flops_as_xla_counts).
+  while_loops: int = 0  # `while` instructions in the optimized program (bodies counted once).
 
   @property
   def total_bytes(self) -> int:
@@ -120,14 +122,18 @@ def flops_as_xla_counts(model_config, seq_len, num_predictions, batch, attention
                         grad_accum_steps=1) -> float:
   """The analytic FLOPs of what XLA's cost analysis sees of one step.
 
-  XLA counts a loop body once: with scanned layers one layer of L, with
-  gradient accumulation one micro-batch. Pallas kernels (splash) are custom
-  calls it does not count: their attention matmuls are left out.
+  XLA counts a loop body once: with scanned layers one of the L - 1 layers
+  before the last (which runs outside the loop), with gradient accumulation
+  one micro-batch. Pallas kernels (splash) are custom calls it does not
+  count: the attention matmuls of the layers before the last are left out
+  (the last layer, at a few positions, attends with XLA).
   """
-  c = model_config.replace(num_layers=1) if model_config.scan_layers else model_config
+  c = model_config
+  if c.scan_layers:
+    c = c.replace(num_layers=min(2, c.num_layers))
   per_seq = flops.train_flops_per_sequence(c, seq_len, num_predictions)
   if attention_kernel == "splash":
-    per_seq -= 3 * c.num_layers * seq_len * 2 * 2 * seq_len * c.hidden_size
+    per_seq -= 3 * (c.num_layers - 1) * seq_len * 2 * 2 * seq_len * c.hidden_size
   return per_seq * batch / grad_accum_steps
 
 
@@ -167,6 +173,7 @@ def aot_compile(config, topology: str, phase_name: str = "",
       argument_bytes=mem.argument_size_in_bytes, temp_bytes=mem.temp_size_in_bytes,
       unaliased_output_bytes=mem.output_size_in_bytes - mem.alias_size_in_bytes,
       compiled_flops=profiling.compiled_flops(compiled),
+      while_loops=len(re.findall(r"\swhile\(", compiled.as_text() or "")),
       analytic_flops=flops.train_flops_per_sequence(model_config, *args)
       * phase.global_batch_size,
       xla_view_flops=flops_as_xla_counts(model_config, *args, phase.global_batch_size,
@@ -178,35 +185,62 @@ def _count_chips(devices) -> int:
   return len(coords)
 
 
-MAX_SEARCHED_BATCH = 65536  # Per device; the search stops doubling here.
+MAX_SEARCHED_BATCH = 65536  # Per device; the search stops here.
+BATCH_STEP = 8  # The search's resolution: per-device batches are multiples of this.
 
 
 def find_max_batch(make_config, topology: str, phase_name: str, start: int,
                    log=print) -> tuple[int, AotResult | None]:
-  """Largest per-device batch whose step fits the device's HBM: binary search over compiles.
+  """Largest per-device batch (a multiple of BATCH_STEP) whose step fits: search over compiles.
 
   `make_config()` gives a fresh run config; the batch per device is per
-  data-parallel device (global batch / (mesh.data x mesh.fsdp)).
+  data-parallel device (global batch / (mesh.data x mesh.fsdp)). Memory is
+  close to linear in the batch, so two compiles fit a line, the line
+  predicts the answer, and compiles around the prediction confirm it; the
+  answer is always bracketed by a compile that fits and one (BATCH_STEP
+  larger) that does not, narrowed by bisection where the line was off.
   """
   tried: dict[int, AotResult] = {}
 
-  def fits(per_device: int) -> bool:
-    config = make_config()
-    dp = math.prod(sharding_lib.mesh_shape(config.mesh, _num_devices(topology))[:2])
-    result = aot_compile(config, topology, phase_name, per_device * dp)
-    tried[per_device] = result
-    log(f"  per-device batch {per_device}: {_gib(result.total_bytes)} -> "
-        f"{'fits' if result.fits else 'does not fit'}")
-    return bool(result.fits)
+  def compile_at(per_device: int) -> AotResult:
+    if per_device not in tried:
+      config = make_config()
+      dp = math.prod(sharding_lib.mesh_shape(config.mesh, _num_devices(topology))[:2])
+      tried[per_device] = aot_compile(config, topology, phase_name, per_device * dp)
+      log(f"  per-device batch {per_device}: {_gib(tried[per_device].total_bytes)} -> "
+          f"{'fits' if tried[per_device].fits else 'does not fit'}")
+    return tried[per_device]
 
-  lo, hi = 0, max(start, 1)
-  while fits(hi):
-    lo, hi = hi, hi * 2
-    if hi > MAX_SEARCHED_BATCH:
-      return lo, tried[lo]
-  while hi - lo > 1:
-    mid = (lo + hi) // 2
-    lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+  step = BATCH_STEP
+  a = max(step, start // step * step)
+  b = a * 2
+  ra, rb = compile_at(a), compile_at(b)
+  if ra.hbm_bytes is None:
+    return 0, None
+  per_item = (rb.total_bytes - ra.total_bytes) / (b - a)
+  if per_item > 0:
+    guess = a + (ra.hbm_bytes - ra.total_bytes) / per_item
+    guess = int(min(max(guess, step), MAX_SEARCHED_BATCH)) // step * step
+  else:
+    guess = MAX_SEARCHED_BATCH
+  lo, hi = 0, None  # lo fits (0: nothing yet); hi does not.
+  for n in sorted(tried):
+    if tried[n].fits:
+      lo = max(lo, n)
+    elif hi is None or n < hi:
+      hi = n
+  for probe in (guess, guess + step):
+    if lo < probe and (hi is None or probe < hi):
+      if compile_at(probe).fits:
+        lo = probe
+      else:
+        hi = probe
+  while hi is None and lo < MAX_SEARCHED_BATCH:
+    probe = min(lo * 2, MAX_SEARCHED_BATCH)
+    lo, hi = (probe, None) if compile_at(probe).fits else (lo, probe)
+  while hi is not None and hi - lo > step:
+    mid = max(lo + step, (lo + hi) // 2 // step * step)
+    lo, hi = (mid, hi) if compile_at(mid).fits else (lo, mid)
   return lo, tried.get(lo)
 
 
@@ -232,6 +266,9 @@ def print_aot(r: AotResult):
           f"as XLA counts {r.xla_view_flops:.4g} (ratio "
           f"{r.compiled_flops * r.devices / r.xla_view_flops:.3f}), analytic model FLOPs "
           f"{r.analytic_flops:.4g}")
+  print(f"XLA loops       {r.while_loops} while loops in the optimized program (XLA counts "
+        "each body once; scanned layers make a forward and a backward loop, and on TPU "
+        "FSDP's all-gathered matmuls may become windowed-einsum loops)")
 
 
 def compile_for_topology(config):
@@ -285,7 +322,7 @@ def run_benchmark(config):
       model_config=model_config, seq_len=phase.max_seq_length,
       num_predictions=phase.max_predictions_per_seq,
       global_batch_size=phase.global_batch_size,
-      compiled_step_flops=profiling.compiled_flops(step_fn),
+      compiled_step_flops=profiling.whole_step_flops(step_fn),
       grad_accum_steps=config.optimizer.grad_accum_steps)
   n_params = sum(x.size for x in jax.tree.leaves(state.params))
   print(f"devices         {len(devices)} x {devices[0].device_kind}, mesh {dict(mesh.shape)}")

@@ -53,11 +53,13 @@ def test_analytic_flops_agree_with_xla_and_scan_is_counted_once():
   # XLA also counts softmax, LayerNorm, GELU, the loss and the optimizer:
   # a few percent on top of the matmuls at this small width.
   assert analytic < counted < 1.10 * analytic, (counted, analytic)
-  # Scanned, XLA counts the layer body once: two of the three layers go missing.
+  # Scanned, XLA counts the loop body once: the first two layers are the
+  # loop (the last runs apart, at [CLS] and the masked positions), so one
+  # whole layer goes missing.
   one_layer = analytic - flops.train_flops_per_sequence(
       unrolled.replace(num_layers=2), SEQ, PRED) * BATCH
   scanned = _compiled_step_flops(_config(scan_layers=True))
-  assert abs((counted - scanned) - 2 * one_layer) < 0.1 * one_layer, (counted, scanned)
+  assert abs((counted - scanned) - one_layer) < 0.1 * one_layer, (counted, scanned)
   assert profiling.complete_count(unrolled, 1)
   assert not profiling.complete_count(unrolled.replace(scan_layers=True), 1)
   assert not profiling.complete_count(unrolled, 2)
@@ -142,12 +144,62 @@ def test_aot_result_splits_a_chips_hbm_between_its_devices():
 def test_xla_view_of_flops_drops_scanned_layers_and_pallas_attention():
   from bertjax import benchmark  # pylint: disable=g-import-not-at-top
   config = _config(scan_layers=True)
-  one_layer = config.replace(num_layers=1)
+  # One layer of the loop plus the last layer, which runs outside it.
+  seen = config.replace(num_layers=2)
   assert benchmark.flops_as_xla_counts(config, SEQ, PRED, 8, "xla") == pytest.approx(
-      8 * flops.train_flops_per_sequence(one_layer, SEQ, PRED))
+      8 * flops.train_flops_per_sequence(seen, SEQ, PRED))
+  # Splash runs in the loop's layer only; the last layer attends with XLA.
   attention_matmuls = 3 * SEQ * 2 * 2 * SEQ * config.hidden_size * 8
   assert benchmark.flops_as_xla_counts(config, SEQ, PRED, 8, "splash") == pytest.approx(
-      8 * flops.train_flops_per_sequence(one_layer, SEQ, PRED) - attention_matmuls)
+      8 * flops.train_flops_per_sequence(seen, SEQ, PRED) - attention_matmuls)
   unrolled = config.replace(scan_layers=False)
   assert benchmark.flops_as_xla_counts(unrolled, SEQ, PRED, 8, "xla", 2) == pytest.approx(
       4 * flops.train_flops_per_sequence(unrolled, SEQ, PRED))
+
+
+def test_loops_in_the_compiled_program_disqualify_its_flop_count():
+  x = jnp.ones((64, 64))
+  plain = jax.jit(lambda a: a @ a).lower(x).compile()
+  looped = jax.jit(lambda a: jax.lax.fori_loop(0, 8, lambda i, b: b @ a, a)).lower(x).compile()
+  assert not profiling.has_loops(plain) and profiling.has_loops(looped)
+  assert profiling.whole_step_flops(plain) == profiling.compiled_flops(plain) > 0
+  assert profiling.whole_step_flops(looped) is None
+  assert profiling.compiled_flops(looped) > 0  # XLA's count exists, but of one trip.
+
+
+@pytest.mark.parametrize("fixed,per_item,curve,hbm", [
+    (1.0, 0.05, 0.0, 16.0),  # Linear: the first prediction is right.
+    (1.0, 0.05, 2e-5, 16.0),  # Convex: the line overshoots; bisection corrects it.
+    (9.0, 0.02, 0.0, 16.0),
+    (17.0, 0.05, 0.0, 16.0),  # Nothing fits.
+])
+def test_find_max_batch_brackets_the_answer_with_compiles(monkeypatch, fixed, per_item,
+                                                          curve, hbm):
+  from bertjax import benchmark  # pylint: disable=g-import-not-at-top
+  compiled = []
+
+  def fake_compile(config, topology, phase_name, global_batch_size):
+    per_device = global_batch_size // 8
+    compiled.append(per_device)
+    gib = fixed + per_item * per_device + curve * per_device ** 2
+    return benchmark.AotResult(
+        topology=topology, devices=8, chips=8, device_kind="TPU v5 lite", mesh={"data": 8},
+        phase=phase_name, global_batch_size=global_batch_size, seq_len=128,
+        attention="splash", compile_seconds=1.0, argument_bytes=0,
+        temp_bytes=int(gib * 2**30), unaliased_output_bytes=0, compiled_flops=None,
+        analytic_flops=1.0, xla_view_flops=1.0)
+
+  monkeypatch.setattr(benchmark, "aot_compile", fake_compile)
+  monkeypatch.setattr(benchmark, "_num_devices", lambda topology: 8)
+  config = lambda: __import__("ml_collections").ConfigDict(
+      {"mesh": {"data": -1, "fsdp": 1, "tensor": 1}})
+  best, result = benchmark.find_max_batch(config, "v5e:2x4", "seq128", 32, log=lambda m: None)
+  step = benchmark.BATCH_STEP
+  fits = lambda n: fixed + per_item * n + curve * n ** 2 <= hbm
+  if not fits(step):
+    assert best == 0
+    return
+  assert best % step == 0 and fits(best) and not fits(best + step), best
+  assert best in compiled and best + step in compiled  # Both sides were compiled.
+  assert result.global_batch_size == best * 8
+  assert len(set(compiled)) <= 12, compiled

@@ -378,3 +378,73 @@ def test_sequence_longer_than_position_table_names_the_field():
   with pytest.raises(ValueError, match="model.max_position_embeddings=8"):
     jax.eval_shape(lambda: BertForPreTraining(config).init(
         jax.random.key(0), ids, ids, ids, ids[:, :2]))
+
+
+@pytest.mark.parametrize("scan_layers,num_layers,remat", [
+    (True, 3, "none"), (True, 3, "dots_no_batch"), (True, 1, "none"),
+    (False, 3, "none"), (False, 1, "dots_no_batch")])
+def test_last_layer_at_read_positions_only_gives_the_same_heads_and_gradients(
+    scan_layers, num_layers, remat):
+  config = tiny(scan_layers=scan_layers, num_layers=num_layers, remat_policy=remat)
+  params, batch = init_params(config), make_batch()
+  model = BertForPreTraining(config)
+
+  def loss(p, sequence_output):
+    out = model.apply(p, **batch, sequence_output=sequence_output)
+    return jnp.sum(out["mlm_logits"] ** 2) + jnp.sum(out["nsp_logits"] * 3.0), out
+
+  (full, full_out), full_grads = jax.value_and_grad(loss, has_aux=True)(params, True)
+  (part, part_out), part_grads = jax.value_and_grad(loss, has_aux=True)(params, False)
+  assert "sequence_output" in full_out and "sequence_output" not in part_out
+  for k in ("mlm_logits", "nsp_logits", "pooled_output"):
+    np.testing.assert_allclose(part_out[k], full_out[k], atol=1e-5, rtol=1e-5, err_msg=k)
+  np.testing.assert_allclose(part, full, rtol=1e-5)
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(part_grads),
+                          jax.tree.leaves(full_grads)):
+    np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-4, err_msg=jax.tree_util.keystr(path))
+  # The last layer's weights do get gradients (through [CLS] and the masked positions).
+  last = (part_grads["params"]["bert"]["encoder"]["layers"]["mlp"]["output"]["kernel"][-1]
+          if scan_layers else
+          part_grads["params"]["bert"]["encoder"][f"layer_{num_layers - 1}"]["mlp"]["output"][
+              "kernel"])
+  assert np.abs(np.asarray(last)).max() > 0
+
+
+def test_dropout_keep_mask_rate_independence_and_fallback():
+  key = jax.random.key(0)
+  mask = np.asarray(layers.keep_mask(key, (64, 128, 256), 0.1))
+  assert abs(mask.mean() - 0.9) < 0.002, mask.mean()
+  # The two words of each hash fill different halves: they are not copies.
+  assert (mask[..., :128] != mask[..., 128:]).mean() > 0.15
+  assert (mask[0] != mask[1]).mean() > 0.15  # Rows differ.
+  assert np.array_equal(mask, np.asarray(layers.keep_mask(key, (64, 128, 256), 0.1)))
+  other = np.asarray(layers.keep_mask(jax.random.key(1), (64, 128, 256), 0.1))
+  assert (mask != other).mean() > 0.15
+  odd = np.asarray(layers.keep_mask(key, (64, 129), 0.25))  # Falls back to bernoulli.
+  assert odd.shape == (64, 129) and abs(odd.mean() - 0.75) < 0.03
+  rbg = np.asarray(layers.keep_mask(jax.random.key(0, impl="rbg"), (64, 128), 0.5))
+  assert abs(rbg.mean() - 0.5) < 0.03
+  x = jnp.ones((8, 64))
+  out = layers.Dropout(0.5).apply({}, x, False, rngs={"dropout": key})
+  assert set(np.unique(np.asarray(out))) <= {0.0, 2.0}
+  assert layers.Dropout(0.5).apply({}, x, True) is x
+
+
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])
+def test_tied_decoder_gradient_matches_autodiff(dtype, tol):
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.normal(size=(3, 5, 16)), jnp.float32)
+  table = jnp.asarray(rng.normal(size=(256, 16)) * 0.1, jnp.float32)
+  bias = jnp.asarray(rng.normal(size=(256,)), jnp.float32)
+  weights = jnp.asarray(rng.normal(size=(3, 5, 256)), jnp.float32)
+
+  def loss(decode, *args):
+    return jnp.sum(decode(*args, jnp.dtype(dtype)) * weights)
+
+  fast = jax.grad(functools.partial(loss, layers.tied_decoder), argnums=(0, 1, 2))(
+      x, table, bias)
+  plain = jax.grad(functools.partial(loss, layers._decode), argnums=(0, 1, 2))(  # pylint: disable=protected-access
+      x, table, bias)
+  for a, b, name in zip(fast, plain, ("x", "table", "bias")):
+    assert a.dtype == b.dtype, name
+    np.testing.assert_allclose(a, b, rtol=tol, atol=tol * np.abs(b).max(), err_msg=name)

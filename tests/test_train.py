@@ -388,3 +388,22 @@ def test_profile_steps_write_one_trace_and_mfu_is_logged_every_window(tmp_path):
          for e in tf.compat.v1.train.summary_iterator(path) for v in e.summary.value
          if v.tag == "train/mfu"]
   assert len(mfu) == TOTAL_STEPS and all(0 < x < 1 for x in mfu)
+
+
+def test_nll_and_hit_match_optax_cross_entropy_and_argmax():
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  from bertjax.train import step as step_lib  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  logits = jnp.asarray(rng.normal(size=(4, 7, 50)) * 5, jnp.float32)
+  labels = jnp.asarray(rng.integers(0, 50, (4, 7)))
+  labels = labels.at[0].set(jnp.argmax(logits[0], -1))  # A row of hits.
+  nll, hit = step_lib.nll_and_hit(logits, labels)
+  np.testing.assert_allclose(
+      nll, optax.softmax_cross_entropy_with_integer_labels(logits, labels), rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(hit, jnp.argmax(logits, -1) == labels)
+  assert bool(hit[0].all())
+  grad = jax.grad(lambda l: step_lib.nll_and_hit(l, labels)[0].sum())(logits)
+  ref = jax.grad(lambda l: optax.softmax_cross_entropy_with_integer_labels(l, labels).sum())(
+      logits)
+  np.testing.assert_allclose(grad, ref, atol=1e-6)

@@ -8,10 +8,13 @@ with 20 masked positions, batch 32, fp32, dropout 0.1 (hidden and
 attention), AdamW (b1 0.9, b2 0.999, eps 1e-6, weight decay 0.01 off biases
 and LayerNorm) after global-norm clipping at 1.0, jitted with the
 parameters and optimizer state donated. bertjax's side is its own train step
-(configs/base.py with these sizes): the masked-LM head only at the masked
-positions, scanned layers, the vocab padded to a multiple of 128. The
-transformers side is the stock model, whose head computes logits at every
-position; the loss takes the masked positions from them.
+(configs/base.py with these sizes; README "Train-step speed"): the masked-LM
+head only at the masked positions, the last layer only at [CLS] and the
+masked positions, the tied decoder's written-out gradient, one max for loss
+and accuracy, dropout masks from half the hashes, scanned layers, the vocab
+padded to a multiple of 128. The transformers side is the stock model, whose
+head computes logits at every position; the loss takes the masked positions
+from them.
 
 bertjax runs twice: as configured (scanned layers) and with
 scan_layers=False. After compiling and a warm-up, the three alternate in

@@ -189,6 +189,9 @@ def attend(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, *, impl: str,
            attention_dropout_rate: float, dtype: str, dropout, deterministic: bool):
   """Attention by the kernel that `impl` resolves to for this platform and length."""
   platform = target_platform()
+  if q_BxLxNxH.shape[1] != k_BxLxNxH.shape[1]:
+    # Queries at some positions only (the last layer in pretraining): small, plain XLA.
+    return xla_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, dropout, deterministic)
   kernel, reason = choose(impl, attention_dropout_rate=attention_dropout_rate, dtype=dtype,
                           platform=platform, seq_len=q_BxLxNxH.shape[1],
                           deterministic=deterministic)

@@ -3,7 +3,8 @@
 `BertModel` is what fine-tuning needs: sequence output and the tanh pooler.
 `BertForPreTraining` adds the heads. The masked-LM head runs only at
 `masked_lm_positions` (gathered first, as the original release does), so
-pretraining never forms the full sequence x vocab logits.
+pretraining never forms the full sequence x vocab logits; in training the
+last encoder layer, too, runs only at [CLS] and the masked positions.
 """
 
 import flax.linen as nn
@@ -32,9 +33,12 @@ class BertModel(nn.Module):
     self.encoder = Encoder(c)
     self.pooler = dense(c, c.hidden_size, ("embed", "hidden"), "pooler")
 
-  def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True):
+  def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True,
+               output_positions=None):
+    """With output_positions [B, Q] (its first column 0, the [CLS] token) the
+    last layer runs only there and the sequence output is [B, Q, D]."""
     x_BxLxD = self.embeddings(input_ids, segment_ids, deterministic)
-    x_BxLxD = self.encoder(x_BxLxD, attention_mask(input_mask), deterministic)
+    x_BxLxD = self.encoder(x_BxLxD, attention_mask(input_mask), deterministic, output_positions)
     pooled_BxD = jnp.tanh(self.pooler(x_BxLxD[:, 0]).astype(jnp.float32))
     return x_BxLxD, pooled_BxD
 
@@ -63,7 +67,7 @@ class MaskedLMHead(nn.Module):
         "output_bias",
         nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",)),
         (c.padded_vocab_size,), c.params_dtype)
-    logits_BxPxV = embeddings.attend(h) + bias_V.astype(jnp.float32)
+    logits_BxPxV = embeddings.attend(h, bias_V)
     return logits_BxPxV[..., :c.vocab_size]
 
 
@@ -72,7 +76,10 @@ class BertForPreTraining(nn.Module):
 
   Returns a dict: sequence_output [B, L, D], pooled_output [B, D],
   mlm_logits [B, P, V] (fp32, at masked_lm_positions) and nsp_logits [B, 2]
-  (fp32; class 0 = actual next sentence, 1 = random).
+  (fp32; class 0 = actual next sentence, 1 = random). With
+  sequence_output=False (what the train and eval steps use) the last layer
+  computes only [CLS] and the masked positions, the rest of its work being
+  unread, and the dict has no sequence_output; the other outputs are the same.
   """
   config: BertConfig
 
@@ -82,15 +89,21 @@ class BertForPreTraining(nn.Module):
     self.nsp = dense(self.config, 2, ("hidden", "classes"), "nsp")
 
   def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions,
-               deterministic: bool = True):
-    seq_BxLxD, pooled_BxD = self.bert(input_ids, input_mask, segment_ids, deterministic)
-    gathered_BxPxD = jnp.take_along_axis(
-        seq_BxLxD, masked_lm_positions[..., None].astype(jnp.int32), axis=1)
+               deterministic: bool = True, sequence_output: bool = True):
+    positions_BxP = masked_lm_positions.astype(jnp.int32)
+    if sequence_output:
+      seq_BxLxD, pooled_BxD = self.bert(input_ids, input_mask, segment_ids, deterministic)
+      gathered_BxPxD = jnp.take_along_axis(seq_BxLxD, positions_BxP[..., None], axis=1)
+    else:
+      # The losses read the last layer at [CLS] and the masked positions only.
+      cls_and_masked = jnp.concatenate([jnp.zeros_like(positions_BxP[:, :1]), positions_BxP], 1)
+      out_Bx1PxD, pooled_BxD = self.bert(input_ids, input_mask, segment_ids, deterministic,
+                                         output_positions=cls_and_masked)
+      gathered_BxPxD = out_Bx1PxD[:, 1:]
     mlm_logits_BxPxV = self.mlm(gathered_BxPxD, self.bert.embeddings)
     nsp_logits_Bx2 = self.nsp(pooled_BxD).astype(jnp.float32)
-    return {
-        "sequence_output": seq_BxLxD,
-        "pooled_output": pooled_BxD,
-        "mlm_logits": mlm_logits_BxPxV,
-        "nsp_logits": nsp_logits_Bx2,
-    }
+    out = {"pooled_output": pooled_BxD, "mlm_logits": mlm_logits_BxPxV,
+           "nsp_logits": nsp_logits_Bx2}
+    if sequence_output:
+      out["sequence_output"] = seq_BxLxD
+    return out

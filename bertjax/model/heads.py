@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from bertjax.model.bert import BertModel
 from bertjax.model.config import BertConfig
-from bertjax.model.layers import dense
+from bertjax.model.layers import Dropout, dense
 
 
 class BertForSequenceClassification(nn.Module):
@@ -29,7 +29,7 @@ class BertForSequenceClassification(nn.Module):
     c = self.config
     _, pooled_BxD = BertModel(c, name="bert")(input_ids, input_mask, segment_ids,
                                               deterministic)
-    pooled_BxD = nn.Dropout(c.hidden_dropout_rate)(pooled_BxD, deterministic=deterministic)
+    pooled_BxD = Dropout(c.hidden_dropout_rate)(pooled_BxD, deterministic=deterministic)
     logits = dense(c, self.num_labels, ("hidden", "classes"), "classifier")(pooled_BxD)
     return logits.astype(jnp.float32)
 
@@ -44,7 +44,7 @@ class BertForTokenClassification(nn.Module):
     c = self.config
     seq_BxLxD, _ = BertModel(c, name="bert")(input_ids, input_mask, segment_ids,
                                              deterministic)
-    seq_BxLxD = nn.Dropout(c.hidden_dropout_rate)(seq_BxLxD, deterministic=deterministic)
+    seq_BxLxD = Dropout(c.hidden_dropout_rate)(seq_BxLxD, deterministic=deterministic)
     logits = dense(c, self.num_labels, ("embed", "classes"), "classifier")(seq_BxLxD)
     return logits.astype(jnp.float32)
 
@@ -60,7 +60,7 @@ class BertForMultipleChoice(nn.Module):
     flat = lambda x: x.reshape(batch * choices, length)
     _, pooled_BCxD = BertModel(c, name="bert")(
         flat(input_ids), flat(input_mask), flat(segment_ids), deterministic)
-    pooled_BCxD = nn.Dropout(c.hidden_dropout_rate)(pooled_BCxD, deterministic=deterministic)
+    pooled_BCxD = Dropout(c.hidden_dropout_rate)(pooled_BCxD, deterministic=deterministic)
     scores_BCx1 = dense(c, 1, ("hidden", "classes"), "classifier")(pooled_BCxD)
     return scores_BCx1.astype(jnp.float32).reshape(batch, choices)
 

@@ -8,10 +8,13 @@ Shapes in names: B batch, L sequence length, D hidden size, N heads,
 H head size, F feed-forward width.
 """
 
+import functools
+import math
 from typing import Callable
 
 import flax.linen as nn
 import jax
+from jax.extend import random as jax_random
 import jax.numpy as jnp
 
 from bertjax.model import attention
@@ -37,6 +40,47 @@ def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
       param_dtype=config.params_dtype, name=name,
       scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("norm",)),
       bias_init=zeros_init(("norm",)))
+
+
+class Dropout(nn.Module):
+  """Inverted dropout whose keep-masks take one threefry hash per two elements.
+
+  flax's nn.Dropout draws a uniform float per element, one threefry2x32
+  hash each (jax folds the hash's two 32-bit words into one). Here both
+  words of each hash are used: hashes of the (batch, flat index) counters over
+  half the last axis fill the whole mask, and an element is kept when its
+  word is at least round(rate * 2^32), a keep probability exact to 2^-32.
+  The counters are global indices, so the mask does not depend on how the
+  array is sharded. Keys of other PRNG implementations, odd last axes and
+  arrays whose rows exceed 2^32 counters fall back to jax.random.bernoulli.
+  """
+  rate: float
+
+  @nn.compact
+  def __call__(self, x, deterministic: bool):
+    if deterministic or self.rate == 0.0:
+      return x
+    if self.rate >= 1.0:
+      return jnp.zeros_like(x)
+    keep = keep_mask(self.make_rng("dropout"), x.shape, self.rate)
+    return jnp.where(keep, x / jnp.asarray(1.0 - self.rate, x.dtype), jnp.zeros_like(x))
+
+
+def keep_mask(key, shape: tuple[int, ...], rate: float):
+  """Boolean mask, True with probability 1 - rate (see Dropout)."""
+  key_data = jax.random.key_data(key)
+  half = tuple(shape[:-1]) + (shape[-1] // 2,) if shape else ()
+  row = math.prod(half[1:])
+  if key_data.shape != (2,) or not shape or shape[-1] % 2 or row >= 2**32:
+    return jax.random.bernoulli(key, 1.0 - rate, shape)
+  hi = jax.lax.broadcasted_iota(jnp.uint32, half, 0)
+  lo, stride = jnp.zeros(half, jnp.uint32), 1
+  for axis in range(len(half) - 1, 0, -1):
+    lo = lo + jax.lax.broadcasted_iota(jnp.uint32, half, axis) * jnp.uint32(stride)
+    stride *= half[axis]
+  word1, word2 = jax_random.threefry2x32_p.bind(key_data[0], key_data[1], hi, lo)
+  threshold = min(round(rate * 2**32), 2**32 - 1)
+  return jnp.concatenate([word1, word2], axis=-1) >= jnp.uint32(threshold)
 
 
 class Dense(nn.Module):
@@ -85,7 +129,7 @@ class Embeddings(nn.Module):
         c.type_vocab_size, c.hidden_size, dtype=c.compute_dtype,
         param_dtype=c.params_dtype, embedding_init=init(("segment", "embed")))
     self.layer_norm = layer_norm(c, "layer_norm")
-    self.dropout = nn.Dropout(c.hidden_dropout_rate)
+    self.dropout = Dropout(c.hidden_dropout_rate)
 
   def __call__(self, ids_BxL, segment_ids_BxL, deterministic: bool):
     length = ids_BxL.shape[1]
@@ -100,12 +144,50 @@ class Embeddings(nn.Module):
     x_BxLxD = self.dropout(x_BxLxD, deterministic=deterministic)
     return nn.with_logical_constraint(x_BxLxD, BATCH_LENGTH_EMBED)
 
-  def attend(self, x_BxPxD):
-    """Logits against the (padded) word table (the tied MLM decoder), in fp32."""
-    table_VxD = self.word_embeddings.embedding
-    return jnp.einsum("bpd,vd->bpv", x_BxPxD.astype(self.config.compute_dtype),
-                      table_VxD.astype(self.config.compute_dtype),
-                      preferred_element_type=jnp.float32)
+  def attend(self, x_BxPxD, bias_V):
+    """Logits against the (padded) word table plus a bias (the tied MLM decoder), in fp32."""
+    return tied_decoder(x_BxPxD, self.word_embeddings.embedding, bias_V,
+                        jnp.dtype(self.config.compute_dtype))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def tied_decoder(x_BxPxD, table_VxD, bias_V, compute_dtype):
+  """x . table^T + bias in fp32: the masked-LM decoder on the word table.
+
+  The gradient is written out (custom_vjp) as three plain matmuls, with the
+  table's gradient formed as [D, V] and transposed and the bias's as a
+  ones-vector product. The values are autodiff's (up to float summation
+  order); XLA's CPU backend ran this form faster than the transposes and
+  column sum autodiff emits, and the other backends see the same matmuls.
+  """
+  return _decode(x_BxPxD, table_VxD, bias_V, compute_dtype)
+
+
+def _decode(x_BxPxD, table_VxD, bias_V, compute_dtype):
+  logits_BxPxV = jnp.einsum("bpd,vd->bpv", x_BxPxD.astype(compute_dtype),
+                            table_VxD.astype(compute_dtype),
+                            preferred_element_type=jnp.float32)
+  return logits_BxPxV + bias_V.astype(jnp.float32)
+
+
+def _decode_fwd(x_BxPxD, table_VxD, bias_V, compute_dtype):
+  return _decode(x_BxPxD, table_VxD, bias_V, compute_dtype), (x_BxPxD, table_VxD, bias_V)
+
+
+def _decode_bwd(compute_dtype, residuals, g_BxPxV):
+  x_BxPxD, table_VxD, bias_V = residuals
+  g_NxV = g_BxPxV.reshape(-1, g_BxPxV.shape[-1])
+  x_NxD = x_BxPxD.reshape(-1, x_BxPxD.shape[-1])
+  g_c = g_NxV.astype(compute_dtype)
+  dx_NxD = jnp.matmul(g_c, table_VxD.astype(compute_dtype), preferred_element_type=jnp.float32)
+  dtable_DxV = jnp.matmul(x_NxD.astype(compute_dtype).T, g_c,
+                          preferred_element_type=jnp.float32)
+  dbias_1xV = jnp.matmul(jnp.ones((1, g_NxV.shape[0]), g_NxV.dtype), g_NxV)
+  return (dx_NxD.reshape(x_BxPxD.shape).astype(x_BxPxD.dtype),
+          dtable_DxV.T.astype(table_VxD.dtype), dbias_1xV[0].astype(bias_V.dtype))
+
+
+tied_decoder.defvjp(_decode_fwd, _decode_bwd)
 
 
 class SelfAttention(nn.Module):
@@ -113,11 +195,13 @@ class SelfAttention(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x_BxLxD, mask_BxL, deterministic: bool):
+  def __call__(self, x_BxLxD, mask_BxL, deterministic: bool, queries_BxQxD=None):
+    """Queries from `queries_BxQxD` (default: x itself), keys and values from x."""
     c = self.config
     qkv_axes = ("embed", "heads", "kv")
     features = (c.num_heads, c.head_dim)
-    q = dense(c, features, qkv_axes, "query")(x_BxLxD)
+    q = dense(c, features, qkv_axes, "query")(
+        x_BxLxD if queries_BxQxD is None else queries_BxQxD)
     k = dense(c, features, qkv_axes, "key")(x_BxLxD)
     v = dense(c, features, qkv_axes, "value")(x_BxLxD)
     heads_axes = ("activation_batch", "activation_length", "activation_heads", "activation_kv")
@@ -126,7 +210,7 @@ class SelfAttention(nn.Module):
     out_BxLxNxH = attention.attend(
         q, k, v, mask_BxL, impl=c.attention_impl,
         attention_dropout_rate=c.attention_dropout_rate, dtype=c.dtype,
-        dropout=nn.Dropout(c.attention_dropout_rate), deterministic=deterministic)
+        dropout=Dropout(c.attention_dropout_rate), deterministic=deterministic)
     out_BxLxNxH = nn.with_logical_constraint(out_BxLxNxH, heads_axes)
     return dense(c, c.hidden_size, ("heads", "kv", "embed"), "output",
                  contract=2)(out_BxLxNxH)
@@ -147,16 +231,26 @@ class FeedForward(nn.Module):
 
 
 class TransformerLayer(nn.Module):
-  """One post-LN encoder layer. Returns (x, None) so that nn.scan can stack it."""
+  """One post-LN encoder layer. Returns (x, None) so that nn.scan can stack it.
+
+  With `positions_BxQ` the layer computes its output only at those
+  positions (keys and values still come from every token) and returns
+  [B, Q, D]: what the last layer needs when only some positions are read.
+  """
   config: BertConfig
   deterministic: bool
 
   @nn.compact
-  def __call__(self, x_BxLxD, mask_BxL):
+  def __call__(self, x_BxLxD, mask_BxL, positions_BxQ=None):
     c = self.config
-    drop = nn.Dropout(c.hidden_dropout_rate)
-    h = SelfAttention(c, name="attention")(x_BxLxD, mask_BxL, self.deterministic)
+    drop = Dropout(c.hidden_dropout_rate)
+    queries = None
+    if positions_BxQ is not None:
+      queries = jnp.take_along_axis(x_BxLxD, positions_BxQ[..., None].astype(jnp.int32), axis=1)
+    h = SelfAttention(c, name="attention")(x_BxLxD, mask_BxL, self.deterministic, queries)
     h = drop(h, deterministic=self.deterministic)
+    if queries is not None:
+      x_BxLxD = queries
     x_BxLxD = layer_norm(c, "attention_layer_norm")(x_BxLxD + h).astype(c.compute_dtype)
     h = FeedForward(c, name="mlp")(x_BxLxD)
     h = drop(h, deterministic=self.deterministic)
@@ -172,24 +266,80 @@ REMAT = {
 
 
 class Encoder(nn.Module):
-  """The stack of layers, scanned (params stacked on a 'layers' axis) or unrolled."""
+  """The stack of layers, scanned (params stacked on a 'layers' axis) or unrolled.
+
+  With `positions_BxQ` the last layer runs only at those positions and the
+  encoder returns [B, Q, D] (the parameters are the same either way).
+  """
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x_BxLxD, mask_BxL, deterministic: bool):
+  def __call__(self, x_BxLxD, mask_BxL, deterministic: bool, positions_BxQ=None):
     c = self.config
-    layer_cls = TransformerLayer
-    if c.remat_policy != "none":
-      layer_cls = nn.remat(layer_cls, policy=REMAT[c.remat_policy],
-                           prevent_cse=not c.scan_layers)
-    if c.scan_layers:
-      stack = nn.scan(
-          layer_cls, variable_axes={"params": 0},
-          split_rngs={"params": True, "dropout": True},
-          in_axes=nn.broadcast, length=c.num_layers,
-          metadata_params={nn.PARTITION_NAME: "layers"})
-      x_BxLxD, _ = stack(c, deterministic, name="layers")(x_BxLxD, mask_BxL)
-    else:
+    layer_cls = _layer_class(c)
+    if not c.scan_layers:
       for i in range(c.num_layers):
-        x_BxLxD, _ = layer_cls(c, deterministic, name=f"layer_{i}")(x_BxLxD, mask_BxL)
-    return x_BxLxD
+        last = positions_BxQ if i == c.num_layers - 1 else None
+        x_BxLxD, _ = layer_cls(c, deterministic, name=f"layer_{i}")(x_BxLxD, mask_BxL, last)
+      return x_BxLxD
+    if positions_BxQ is None or self.is_initializing():
+      # (Initialisation creates the stacked parameters through the plain scan.)
+      stack = _scan(layer_cls, c.num_layers)(c, deterministic, name="layers")
+      x_BxLxD = stack(x_BxLxD, mask_BxL, None)[0]
+      if positions_BxQ is None:
+        return x_BxLxD
+      return jnp.take_along_axis(x_BxLxD, positions_BxQ[..., None].astype(jnp.int32), axis=1)
+    # The same stacked 'layers' parameters, seen as a scan over the first L-1
+    # layers ('body', none when L = 1) and the last layer alone ('top').
+    split = nn.map_variables(_ScanThenTop, "params", trans_in_fn=_split_top)
+    return split(c, deterministic, name="layers")(x_BxLxD, mask_BxL, positions_BxQ)
+
+
+def _layer_class(c: BertConfig):
+  if c.remat_policy == "none":
+    return TransformerLayer
+  return nn.remat(TransformerLayer, policy=REMAT[c.remat_policy], prevent_cse=not c.scan_layers)
+
+
+def _scan(layer_cls, length: int):
+  return nn.scan(
+      layer_cls, variable_axes={"params": 0},
+      split_rngs={"params": True, "dropout": True},
+      in_axes=(nn.broadcast, nn.broadcast), length=length,
+      metadata_params={nn.PARTITION_NAME: "layers"})
+
+
+class _ScanThenTop(nn.Module):
+  """Layers 0..L-2 scanned over all positions, then layer L-1 at some positions."""
+  config: BertConfig
+  deterministic: bool
+
+  @nn.compact
+  def __call__(self, x_BxLxD, mask_BxL, positions_BxQ):
+    c = self.config
+    layer_cls = _layer_class(c)
+    if c.num_layers > 1:
+      x_BxLxD, _ = _scan(layer_cls, c.num_layers - 1)(c, self.deterministic, name="body")(
+          x_BxLxD, mask_BxL, None)
+    x_BxQxD, _ = layer_cls(c, self.deterministic, name="top")(x_BxLxD, mask_BxL, positions_BxQ)
+    return x_BxQxD
+
+
+def _map_leaves(fn, tree):
+  return jax.tree.map(fn, tree, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
+
+
+def _split_top(variables):
+  """Stacked [L, ...] parameters -> {'body': [:L-1], 'top': [L-1]}."""
+  def part(index, drop_axis):
+    def fn(x):
+      if isinstance(x, nn.Partitioned):
+        names = x.names[1:] if drop_axis else x.names
+        return x.replace_boxed(x.value[index]).replace(names=names)
+      return x[index]
+    return fn
+  params = variables["params"]
+  split = {"top": _map_leaves(part(-1, True), params)}
+  if jax.tree.leaves(params)[0].shape[0] > 1:
+    split["body"] = _map_leaves(part(slice(0, -1), False), params)
+  return {"params": split}

@@ -9,9 +9,11 @@ not hardware utilisation):
   per sequence          2 x D^2 + 2 x 2 D       pooler and NSP classifier
   per masked position   2 x (D^2 + D V)         MLM transform and tied decoder
 
-The decoder runs only at the P masked positions, never at all L tokens, and
-over the padded vocab (model.padded_vocab_size), since that is what the
-matmul computes.
+The last layer computes its output only where the losses read it, at [CLS]
+and the P masked positions: there K and V are counted for all L tokens and
+the rest for P + 1. The decoder runs only at the P masked positions, never
+at all L tokens, and over the padded vocab (model.padded_vocab_size), since
+that is what the matmul computes.
 """
 
 from bertjax.model.config import BertConfig
@@ -66,8 +68,10 @@ def peak_tflops(device_kind: str) -> float | None:
 
 def forward_flops_per_sequence(c: BertConfig, seq_len: int, num_predictions: int) -> float:
   d, f, v = c.hidden_size, c.intermediate_size, c.padded_vocab_size
-  per_token_layer = 2 * (4 * d * d + 2 * d * f) + 2 * 2 * seq_len * d
-  encoder = c.num_layers * seq_len * per_token_layer
+  per_query = 2 * (2 * d * d + 2 * d * f) + 2 * 2 * seq_len * d  # Q, output, FFN, attention
+  per_token_layer = per_query + 2 * 2 * d * d  # and K, V
+  last = seq_len * 2 * 2 * d * d + (num_predictions + 1) * per_query
+  encoder = (c.num_layers - 1) * seq_len * per_token_layer + last
   heads = 2 * d * d + 2 * 2 * d + num_predictions * 2 * (d * d + d * v)
   return float(encoder + heads)
 

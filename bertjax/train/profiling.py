@@ -10,13 +10,14 @@
 - `compiled_flops(compiled)`: the FLOPs of one call of a compiled program
   per device, from XLA's cost analysis (None where the backend gives none);
   `utilisation(...)`: achieved over peak FLOP/s, from those FLOPs where XLA
-  counts the whole step (unscanned layers), from bertjax's analytic count
-  otherwise. XLA's count includes everything the program computes
+  counts the whole step (a compiled program without loops:
+  `whole_step_flops`), from bertjax's analytic count otherwise. XLA's count includes everything the program computes
   (recomputation under remat, softmax, LayerNorm, the optimizer), so it is
   hardware FLOPs; the analytic count is model FLOPs.
 """
 
 import os
+import re
 from typing import Any
 
 from absl import logging
@@ -115,12 +116,32 @@ def compiled_flops(compiled) -> float | None:
   return float(flops) if flops and flops > 0 else None
 
 
+def has_loops(compiled) -> bool:
+  """Whether the optimized program has a while loop, whose body XLA's cost analysis counts once.
+
+  Besides scanned layers and micro-batches, XLA makes loops of its own: on
+  TPU, FSDP's all-gathered matmuls become windowed einsums, a loop over the
+  shards, so such a step is counted at a fraction of its FLOPs.
+  """
+  try:
+    text = compiled.as_text()
+  except Exception:  # pylint: disable=broad-except
+    return True  # Unknown: do not trust the count.
+  return re.search(r"\swhile\(", text or "") is not None
+
+
+def whole_step_flops(compiled) -> float | None:
+  """compiled_flops where XLA counts the whole program (no loops), else None."""
+  return None if has_loops(compiled) else compiled_flops(compiled)
+
+
 def complete_count(model_config: BertConfig, grad_accum_steps: int) -> bool:
   """Whether XLA's cost analysis counts the whole train step.
 
   It counts a loop's body once, whatever the trip count, so with scanned
   layers or scanned micro-batches it sees one layer of many (or one
-  micro-batch of many).
+  micro-batch of many). A check before compiling; loops XLA makes itself
+  show only in the compiled program (has_loops).
   """
   return not model_config.scan_layers and grad_accum_steps == 1
 
@@ -131,9 +152,9 @@ def utilisation(*, step_seconds: float, num_chips: int, peak_tflops_per_chip: fl
                 grad_accum_steps: int = 1) -> tuple[float | None, str]:
   """(achieved / peak FLOP/s, where the FLOPs came from: 'compiled' or 'analytic').
 
-  compiled_step_flops (per device, compiled_flops) is used where XLA counts
-  the whole step (complete_count); otherwise bertjax's analytic count of the
-  global batch. (None, 'no peak') when the chip's peak is unknown (e.g. CPU).
+  compiled_step_flops (per device, whole_step_flops: None where the program
+  has loops) is used where given and the config has no scanned loops
+  (complete_count); otherwise bertjax's analytic count of the global batch. (None, 'no peak') when the chip's peak is unknown (e.g. CPU).
   """
   if not peak_tflops_per_chip:
     return None, "no peak"

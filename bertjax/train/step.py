@@ -30,17 +30,13 @@ def loss_sums(params, apply_fn, batch: Batch, rng, deterministic: bool):
   """Weighted sums (not means) of losses and hits, so micro-batches add up."""
   out = apply_fn(
       {"params": params}, batch["input_ids"], batch["input_mask"], batch["segment_ids"],
-      batch["masked_lm_positions"], deterministic=deterministic,
+      batch["masked_lm_positions"], deterministic=deterministic, sequence_output=False,
       rngs=None if deterministic else {"dropout": rng})
   mlm_logits_BxPxV, nsp_logits_Bx2 = out["mlm_logits"], out["nsp_logits"]
   mlm_w_BxP = batch["masked_lm_weights"].astype(jnp.float32)
   nsp_w_B = batch[EXAMPLE_WEIGHT_KEY].astype(jnp.float32)
-  mlm_nll_BxP = optax.softmax_cross_entropy_with_integer_labels(
-      mlm_logits_BxPxV, batch["masked_lm_ids"])
-  nsp_nll_B = optax.softmax_cross_entropy_with_integer_labels(
-      nsp_logits_Bx2, batch["next_sentence_labels"])
-  mlm_hit = (jnp.argmax(mlm_logits_BxPxV, -1) == batch["masked_lm_ids"])
-  nsp_hit = (jnp.argmax(nsp_logits_Bx2, -1) == batch["next_sentence_labels"])
+  mlm_nll_BxP, mlm_hit = nll_and_hit(mlm_logits_BxPxV, batch["masked_lm_ids"])
+  nsp_nll_B, nsp_hit = nll_and_hit(nsp_logits_Bx2, batch["next_sentence_labels"])
   return {
       "mlm_loss": jnp.sum(mlm_nll_BxP * mlm_w_BxP),
       "nsp_loss": jnp.sum(nsp_nll_B * nsp_w_B),
@@ -49,6 +45,19 @@ def loss_sums(params, apply_fn, batch: Batch, rng, deterministic: bool):
       "mlm_weight": jnp.sum(mlm_w_BxP),
       "nsp_weight": jnp.sum(nsp_w_B),
   }
+
+
+def nll_and_hit(logits, labels):
+  """Softmax cross entropy with integer labels, and whether the label's logit is the largest.
+
+  One max over the classes serves both (an argmax would be a second pass
+  over the masked-LM logits); a label tied with the largest logit counts as
+  a hit.
+  """
+  shifted = logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+  label_shifted = jnp.take_along_axis(shifted, labels[..., None], axis=-1)[..., 0]
+  nll = jnp.log(jnp.sum(jnp.exp(shifted), axis=-1)) - label_shifted
+  return nll, label_shifted >= 0
 
 
 def _split_micro(batch: Batch, num_micro: int) -> Batch:

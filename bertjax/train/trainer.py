@@ -125,7 +125,7 @@ class Trainer:
                                     self.run.config.optimizer.grad_accum_steps):
       return None
     compiled = self._p_train.lower(self.state, batch, self.dropout_rng).compile()
-    return profiling.compiled_flops(compiled)
+    return profiling.whole_step_flops(compiled)
 
   def _log(self, phase, source):
     self.logger.log_train(self.step, phase, self.metrics.take_window(),
