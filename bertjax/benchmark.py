@@ -236,7 +236,12 @@ def find_max_batch(make_config, topology: str, phase_name: str, start: int,
       else:
         hi = probe
   while hi is None and lo < MAX_SEARCHED_BATCH:
-    probe = min(lo * 2, MAX_SEARCHED_BATCH)
+    # Still fitting above the line's guess: extrapolate from the two largest
+    # fitting compiles (at least one step, at most doubling).
+    below = max(n for n in tried if n < lo)
+    slope = (tried[lo].total_bytes - tried[below].total_bytes) / (lo - below)
+    room = (ra.hbm_bytes - tried[lo].total_bytes) / slope if slope > 0 else lo
+    probe = min(max(lo + step, int(lo + room) // step * step), lo * 2, MAX_SEARCHED_BATCH)
     lo, hi = (probe, None) if compile_at(probe).fits else (lo, probe)
   while hi is not None and hi - lo > step:
     mid = max(lo + step, (lo + hi) // 2 // step * step)

@@ -170,6 +170,7 @@ def test_loops_in_the_compiled_program_disqualify_its_flop_count():
 @pytest.mark.parametrize("fixed,per_item,curve,hbm", [
     (1.0, 0.05, 0.0, 16.0),  # Linear: the first prediction is right.
     (1.0, 0.05, 2e-5, 16.0),  # Convex: the line overshoots; bisection corrects it.
+    (1.0, 0.05, -2e-5, 16.0),  # Concave: the line undershoots; compiles climb to it.
     (9.0, 0.02, 0.0, 16.0),
     (17.0, 0.05, 0.0, 16.0),  # Nothing fits.
 ])
