@@ -14,7 +14,6 @@ fits. bertjax/benchmarks/tpu_fit_table.py runs this over configs and slices."""
 
 import dataclasses
 import math
-import re
 import time
 
 from absl import app
@@ -173,7 +172,7 @@ def aot_compile(config, topology: str, phase_name: str = "",
       argument_bytes=mem.argument_size_in_bytes, temp_bytes=mem.temp_size_in_bytes,
       unaliased_output_bytes=mem.output_size_in_bytes - mem.alias_size_in_bytes,
       compiled_flops=profiling.compiled_flops(compiled),
-      while_loops=len(re.findall(r"\swhile\(", compiled.as_text() or "")),
+      while_loops=profiling.count_loops(compiled) or 0,
       analytic_flops=flops.train_flops_per_sequence(model_config, *args)
       * phase.global_batch_size,
       xla_view_flops=flops_as_xla_counts(model_config, *args, phase.global_batch_size,

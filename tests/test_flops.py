@@ -162,6 +162,7 @@ def test_loops_in_the_compiled_program_disqualify_its_flop_count():
   plain = jax.jit(lambda a: a @ a).lower(x).compile()
   looped = jax.jit(lambda a: jax.lax.fori_loop(0, 8, lambda i, b: b @ a, a)).lower(x).compile()
   assert not profiling.has_loops(plain) and profiling.has_loops(looped)
+  assert profiling.count_loops(plain) == 0 and profiling.count_loops(looped) >= 1
   assert profiling.whole_step_flops(plain) == profiling.compiled_flops(plain) > 0
   assert profiling.whole_step_flops(looped) is None
   assert profiling.compiled_flops(looped) > 0  # XLA's count exists, but of one trip.

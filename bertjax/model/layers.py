@@ -54,14 +54,12 @@ class Dropout(nn.Module):
   array is sharded. Keys of other PRNG implementations, odd last axes and
   arrays whose rows exceed 2^32 counters fall back to jax.random.bernoulli.
   """
-  rate: float
+  rate: float  # In [0, 1), as the config checks.
 
   @nn.compact
   def __call__(self, x, deterministic: bool):
     if deterministic or self.rate == 0.0:
       return x
-    if self.rate >= 1.0:
-      return jnp.zeros_like(x)
     keep = keep_mask(self.make_rng("dropout"), x.shape, self.rate)
     return jnp.where(keep, x / jnp.asarray(1.0 - self.rate, x.dtype), jnp.zeros_like(x))
 
@@ -291,7 +289,8 @@ class Encoder(nn.Module):
       return jnp.take_along_axis(x_BxLxD, positions_BxQ[..., None].astype(jnp.int32), axis=1)
     # The same stacked 'layers' parameters, seen as a scan over the first L-1
     # layers ('body', none when L = 1) and the last layer alone ('top').
-    split = nn.map_variables(_ScanThenTop, "params", trans_in_fn=_split_top)
+    split = nn.map_variables(_ScanThenTop, "params",
+                             trans_in_fn=functools.partial(_split_top, c.num_layers))
     return split(c, deterministic, name="layers")(x_BxLxD, mask_BxL, positions_BxQ)
 
 
@@ -329,7 +328,7 @@ def _map_leaves(fn, tree):
   return jax.tree.map(fn, tree, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
 
 
-def _split_top(variables):
+def _split_top(num_layers: int, variables):
   """Stacked [L, ...] parameters -> {'body': [:L-1], 'top': [L-1]}."""
   def part(index, drop_axis):
     def fn(x):
@@ -340,6 +339,6 @@ def _split_top(variables):
     return fn
   params = variables["params"]
   split = {"top": _map_leaves(part(-1, True), params)}
-  if jax.tree.leaves(params)[0].shape[0] > 1:
+  if num_layers > 1:
     split["body"] = _map_leaves(part(slice(0, -1), False), params)
   return {"params": split}

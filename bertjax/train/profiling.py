@@ -11,9 +11,10 @@
   per device, from XLA's cost analysis (None where the backend gives none);
   `utilisation(...)`: achieved over peak FLOP/s, from those FLOPs where XLA
   counts the whole step (a compiled program without loops:
-  `whole_step_flops`), from bertjax's analytic count otherwise. XLA's count includes everything the program computes
-  (recomputation under remat, softmax, LayerNorm, the optimizer), so it is
-  hardware FLOPs; the analytic count is model FLOPs.
+  `whole_step_flops`), from bertjax's analytic count otherwise. XLA's count
+  includes everything the program computes (recomputation under remat,
+  softmax, LayerNorm, the optimizer), so it is hardware FLOPs; the analytic
+  count is model FLOPs.
 """
 
 import os
@@ -116,18 +117,25 @@ def compiled_flops(compiled) -> float | None:
   return float(flops) if flops and flops > 0 else None
 
 
-def has_loops(compiled) -> bool:
-  """Whether the optimized program has a while loop, whose body XLA's cost analysis counts once.
+def count_loops(compiled) -> int | None:
+  """`while` loops in the optimized program (None when its text is unavailable).
 
-  Besides scanned layers and micro-batches, XLA makes loops of its own: on
-  TPU, FSDP's all-gathered matmuls become windowed einsums, a loop over the
-  shards, so such a step is counted at a fraction of its FLOPs.
+  XLA's cost analysis counts each loop body once. Besides scanned layers and
+  micro-batches, XLA makes loops of its own: on TPU, FSDP's all-gathered
+  matmuls become windowed einsums, a loop over the shards, so such a step is
+  counted at a fraction of its FLOPs.
   """
   try:
     text = compiled.as_text()
   except Exception:  # pylint: disable=broad-except
-    return True  # Unknown: do not trust the count.
-  return re.search(r"\swhile\(", text or "") is not None
+    return None
+  return len(re.findall(r"\swhile\(", text or ""))
+
+
+def has_loops(compiled) -> bool:
+  """Whether XLA's count may miss loop trips (a loop, or a program it cannot show)."""
+  loops = count_loops(compiled)
+  return loops is None or loops > 0
 
 
 def whole_step_flops(compiled) -> float | None:
@@ -154,7 +162,8 @@ def utilisation(*, step_seconds: float, num_chips: int, peak_tflops_per_chip: fl
 
   compiled_step_flops (per device, whole_step_flops: None where the program
   has loops) is used where given and the config has no scanned loops
-  (complete_count); otherwise bertjax's analytic count of the global batch. (None, 'no peak') when the chip's peak is unknown (e.g. CPU).
+  (complete_count); otherwise bertjax's analytic count of the global batch.
+  (None, 'no peak') when the chip's peak is unknown (e.g. CPU).
   """
   if not peak_tflops_per_chip:
     return None, "no peak"
