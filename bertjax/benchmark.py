@@ -189,17 +189,21 @@ BATCH_STEP = 8  # The search's resolution: per-device batches are multiples of t
 
 
 def find_max_batch(make_config, topology: str, phase_name: str, start: int,
-                   log=print) -> tuple[int, AotResult | None]:
+                   log=print, known: AotResult | None = None) -> tuple[int, AotResult | None]:
   """Largest per-device batch (a multiple of BATCH_STEP) whose step fits: search over compiles.
 
   `make_config()` gives a fresh run config; the batch per device is per
-  data-parallel device (global batch / (mesh.data x mesh.fsdp)). Memory is
-  close to linear in the batch, so two compiles fit a line, the line
-  predicts the answer, and compiles around the prediction confirm it; the
+  data-parallel device (global batch / (mesh.data x mesh.fsdp)), and the
+  search starts from a compile at `start` (`known`, when that compile is
+  already done). Memory is close to linear in the batch: the first compile
+  predicts the answer as if all but the arguments (parameters and optimizer
+  state) grew with the batch, the second compile there fits a line, the
+  line predicts again and compiles around the prediction confirm it. The
   answer is always bracketed by a compile that fits and one (BATCH_STEP
   larger) that does not, narrowed by bisection where the line was off.
   """
   tried: dict[int, AotResult] = {}
+  step = BATCH_STEP
 
   def compile_at(per_device: int) -> AotResult:
     if per_device not in tried:
@@ -210,18 +214,26 @@ def find_max_batch(make_config, topology: str, phase_name: str, start: int,
           f"{'fits' if tried[per_device].fits else 'does not fit'}")
     return tried[per_device]
 
-  step = BATCH_STEP
+  def to_batch(x: float) -> int:
+    return int(min(max(x, step), MAX_SEARCHED_BATCH)) // step * step
+
   a = max(step, start // step * step)
-  b = a * 2
-  ra, rb = compile_at(a), compile_at(b)
+  if known is not None and start == a:
+    tried[a] = known
+  ra = compile_at(a)
   if ra.hbm_bytes is None:
     return 0, None
+  growing = ra.total_bytes - ra.argument_bytes
+  b = to_batch(a * (ra.hbm_bytes - ra.argument_bytes) / growing) if growing > 0 else 2 * a
+  if b == a:
+    b = a + step if ra.fits else max(step, a // 2 // step * step)
+  if b == a:  # a == step and it does not fit.
+    return 0, None
+  rb = compile_at(b)
+  (a, ra), (b, rb) = sorted([(a, ra), (b, rb)], key=lambda t: t[0])
   per_item = (rb.total_bytes - ra.total_bytes) / (b - a)
-  if per_item > 0:
-    guess = a + (ra.hbm_bytes - ra.total_bytes) / per_item
-    guess = int(min(max(guess, step), MAX_SEARCHED_BATCH)) // step * step
-  else:
-    guess = MAX_SEARCHED_BATCH
+  guess = (to_batch(a + (ra.hbm_bytes - ra.total_bytes) / per_item) if per_item > 0
+           else MAX_SEARCHED_BATCH)
   lo, hi = 0, None  # lo fits (0: nothing yet); hi does not.
   for n in sorted(tried):
     if tried[n].fits:

@@ -195,9 +195,12 @@ def test_find_max_batch_brackets_the_answer_with_compiles(monkeypatch, fixed, pe
   monkeypatch.setattr(benchmark, "_num_devices", lambda topology: 8)
   config = lambda: __import__("ml_collections").ConfigDict(
       {"mesh": {"data": -1, "fsdp": 1, "tensor": 1}})
-  best, result = benchmark.find_max_batch(config, "v5e:2x4", "seq128", 32, log=lambda m: None)
+  known = fake_compile(None, "v5e:2x4", "seq128", 32 * 8)  # The table's own compile.
+  best, result = benchmark.find_max_batch(config, "v5e:2x4", "seq128", 32, log=lambda m: None,
+                                          known=known)
   step = benchmark.BATCH_STEP
   fits = lambda n: fixed + per_item * n + curve * n ** 2 <= hbm
+  assert compiled.count(32) == 1  # The known compile is not repeated.
   if not fits(step):
     assert best == 0
     return
@@ -205,3 +208,5 @@ def test_find_max_batch_brackets_the_answer_with_compiles(monkeypatch, fixed, pe
   assert best in compiled and best + step in compiled  # Both sides were compiled.
   assert result.global_batch_size == best * 8
   assert len(set(compiled)) <= 12, compiled
+  if curve == 0:  # A line: the start, one compile to fit it, and the two around the answer.
+    assert len(compiled) <= 4, compiled

@@ -89,7 +89,8 @@ def main():
         if args.find_max_batch:
           dp = result.global_batch_size // max(1, result.mesh["data"] * result.mesh["fsdp"])
           max_batch, _ = benchmark.find_max_batch(make, SLICES[slice_name], phase, dp,
-                                                  log=lambda m: print(m, file=sys.stderr))
+                                                  log=lambda m: print(m, file=sys.stderr),
+                                                  known=result)
         print(row(config_name, slice_name, result, max_batch), flush=True)
 
 

@@ -104,17 +104,67 @@ def _log_once(kernel: str, reason: str):
 
 def xla_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, dropout=None,
                   deterministic: bool = True):
-  """Plain attention with fp32 softmax and (optional) dropout on the probabilities."""
+  """Plain attention with fp32 softmax and (optional) dropout on the probabilities.
+
+  `dropout` is a layers.Dropout, which draws the keep-mask. Softmax, dropout
+  and the product with the values are one function with a written-out
+  gradient (probabilities_times_values).
+  """
   head_dim = q_BxLxNxH.shape[-1]
   logits_BxNxLxL = jnp.einsum("blnh,bsnh->bnls", q_BxLxNxH, k_BxLxNxH,
                               preferred_element_type=jnp.float32)
   logits_BxNxLxL = logits_BxNxLxL / jnp.sqrt(jnp.float32(head_dim))
+  keep, rate = None, 0.0
+  if dropout is not None and not deterministic and dropout.rate > 0:
+    keep, rate = dropout.mask(logits_BxNxLxL.shape), dropout.rate
+  return probabilities_times_values(logits_BxNxLxL, v_BxLxNxH, mask_BxL, keep, rate)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def probabilities_times_values(logits_BxNxLxS, v_BxSxNxH, mask_BxS, keep_BxNxLxS,
+                               rate: float):
+  """softmax(logits over the keys where mask_BxS) in fp32, dropped out where
+  keep is False (None: no dropout), times v.
+
+  The backward pass keeps the probabilities, the keep-mask and the padding
+  mask and forms the dropped probabilities again; autodiff of the same
+  steps keeps four [B, N, L, S] arrays with dropout and three without
+  (with scanned layers, stacked residuals of every layer).
+  """
+  return _probabilities_times_values_fwd(logits_BxNxLxS, v_BxSxNxH, mask_BxS, keep_BxNxLxS,
+                                         rate)[0]
+
+
+def _dropped(probs_BxNxLxS, keep_BxNxLxS, rate):
+  if keep_BxNxLxS is None:
+    return probs_BxNxLxS
+  return jnp.where(keep_BxNxLxS, probs_BxNxLxS / (1.0 - rate), 0.0)
+
+
+def _probabilities_times_values_fwd(logits_BxNxLxS, v_BxSxNxH, mask_BxS, keep_BxNxLxS, rate):
   big_neg = jnp.finfo(jnp.float32).min
-  logits_BxNxLxL = jnp.where(mask_BxL[:, None, None, :], logits_BxNxLxL, big_neg)
-  probs_BxNxLxL = jax.nn.softmax(logits_BxNxLxL, axis=-1)
-  if dropout is not None:
-    probs_BxNxLxL = dropout(probs_BxNxLxL, deterministic=deterministic)
-  return jnp.einsum("bnls,bsnh->blnh", probs_BxNxLxL.astype(v_BxLxNxH.dtype), v_BxLxNxH)
+  logits_BxNxLxS = jnp.where(mask_BxS[:, None, None, :], logits_BxNxLxS.astype(jnp.float32),
+                             big_neg)
+  probs_BxNxLxS = jax.nn.softmax(logits_BxNxLxS, axis=-1)
+  dropped = _dropped(probs_BxNxLxS, keep_BxNxLxS, rate).astype(v_BxSxNxH.dtype)
+  out_BxLxNxH = jnp.einsum("bnls,bsnh->blnh", dropped, v_BxSxNxH)
+  return out_BxLxNxH, (probs_BxNxLxS, v_BxSxNxH, mask_BxS, keep_BxNxLxS)
+
+
+def _probabilities_times_values_bwd(rate, residuals, g_BxLxNxH):
+  probs_BxNxLxS, v_BxSxNxH, mask_BxS, keep_BxNxLxS = residuals
+  dropped = _dropped(probs_BxNxLxS, keep_BxNxLxS, rate).astype(v_BxSxNxH.dtype)
+  dv_BxSxNxH = jnp.einsum("bnls,blnh->bsnh", dropped, g_BxLxNxH.astype(v_BxSxNxH.dtype))
+  d_dropped = jnp.einsum("blnh,bsnh->bnls", g_BxLxNxH, v_BxSxNxH,
+                         preferred_element_type=jnp.float32)
+  d_probs = _dropped(d_dropped, keep_BxNxLxS, rate)
+  d_logits = probs_BxNxLxS * (d_probs - jnp.sum(d_probs * probs_BxNxLxS, -1, keepdims=True))
+  d_logits = jnp.where(mask_BxS[:, None, None, :], d_logits, 0.0)
+  return d_logits, dv_BxSxNxH.astype(v_BxSxNxH.dtype), None, None
+
+
+probabilities_times_values.defvjp(_probabilities_times_values_fwd,
+                                  _probabilities_times_values_bwd)
 
 
 def splash_block_sizes(seq_len: int):

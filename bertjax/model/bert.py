@@ -11,7 +11,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from bertjax.model.config import BertConfig
-from bertjax.model.layers import Embeddings, Encoder, dense, layer_norm
+from bertjax.model.layers import Embeddings, Encoder, dense, gelu, layer_norm
 
 # The masked positions' hidden states: split over the batch like the
 # encoder's activations, whole along the hidden axis.
@@ -56,7 +56,7 @@ class MaskedLMHead(nn.Module):
   def __call__(self, x_BxPxD, embeddings: Embeddings):
     c = self.config
     h = dense(c, c.hidden_size, ("embed", "hidden"), "transform")(x_BxPxD)
-    h = nn.gelu(h, approximate=False)
+    h = gelu(h)
     h = layer_norm(c, "transform_layer_norm")(h)
     # Without this constraint the partitioner may lay h out along the word
     # table's embed sharding (fsdp) while the batch is split over fsdp too;

@@ -33,13 +33,92 @@ def zeros_init(axes: tuple[str | None, ...]) -> Callable:
   return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
 
 
-def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
+def layer_norm(config: BertConfig, name: str) -> "LayerNorm":
   """LayerNorm computed in fp32 whatever the compute dtype."""
-  return nn.LayerNorm(
-      epsilon=config.layer_norm_eps, dtype=jnp.float32,
-      param_dtype=config.params_dtype, name=name,
-      scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("norm",)),
-      bias_init=zeros_init(("norm",)))
+  return LayerNorm(config.layer_norm_eps, config.params_dtype, name=name)
+
+
+class LayerNorm(nn.Module):
+  """LayerNorm over the last axis, in fp32, with a written-out gradient.
+
+  y = (x - mean) / sqrt(var + eps) * scale + bias, with var the mean squared
+  deviation; the parameters are named and partitioned as flax's
+  nn.LayerNorm's ('scale', 'bias'; logical axis 'norm'). The backward pass
+  keeps the normalised x and the per-row 1 / sqrt(var + eps) only, where
+  autodiff of the formula keeps three [..., D] arrays: with scanned layers
+  each of them is a stacked residual of every layer.
+  """
+  epsilon: float
+  param_dtype: str = "float32"
+
+  @nn.compact
+  def __call__(self, x):
+    features = (x.shape[-1],)
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones_init(),
+                                                             ("norm",)),
+                       features, self.param_dtype)
+    bias = self.param("bias", zeros_init(("norm",)), features, self.param_dtype)
+    return normalise(x, scale, bias, self.epsilon)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def normalise(x, scale, bias, epsilon: float):
+  """The LayerNorm function: fp32 output, gradient through (x_hat, rstd)."""
+  return _normalise_fwd(x, scale, bias, epsilon)[0]
+
+
+def _normalise_fwd(x, scale, bias, epsilon):
+  x32 = x.astype(jnp.float32)
+  centred = x32 - jnp.mean(x32, axis=-1, keepdims=True)
+  rstd = jax.lax.rsqrt(jnp.mean(centred * centred, axis=-1, keepdims=True) + epsilon)
+  x_hat = centred * rstd
+  y = x_hat * scale.astype(jnp.float32) + bias.astype(jnp.float32)
+  # The zero-size array carries x's dtype to the backward pass.
+  return y, (x_hat, rstd, scale, bias, jnp.zeros((0,), x.dtype))
+
+
+def _normalise_bwd(epsilon, residuals, g):
+  del epsilon
+  x_hat, rstd, scale, bias, x_like = residuals
+  g32 = g.astype(jnp.float32)
+  rows = tuple(range(g.ndim - 1))
+  d_scale = jnp.sum(g32 * x_hat, axis=rows).astype(scale.dtype)
+  d_bias = jnp.sum(g32, axis=rows).astype(bias.dtype)
+  d_hat = g32 * scale.astype(jnp.float32)
+  dx = rstd * (d_hat - jnp.mean(d_hat, axis=-1, keepdims=True)
+               - x_hat * jnp.mean(d_hat * x_hat, axis=-1, keepdims=True))
+  return dx.astype(x_like.dtype), d_scale, d_bias
+
+
+normalise.defvjp(_normalise_fwd, _normalise_bwd)
+
+
+@jax.custom_vjp
+def gelu(x):
+  """The exact GELU, x * Phi(x) (Phi the standard normal CDF, through erf).
+
+  Its gradient keeps only x for the backward pass, which recomputes
+  Phi(x) + x * phi(x) from it in fp32. Autodiff of the formula keeps erf's
+  and exp's intermediates too: with scanned layers every kept [B, L, F]
+  array is a stacked residual that XLA cannot recompute across the loop, so
+  this halves the feed-forward's saved activations (x here and the GELU
+  output, which the output projection's weight gradient reads).
+  """
+  return nn.gelu(x, approximate=False)
+
+
+def _gelu_fwd(x):
+  return gelu(x), x
+
+
+def _gelu_bwd(x, g):
+  x32 = x.astype(jnp.float32)
+  cdf = 0.5 * (1.0 + jax.lax.erf(x32 * (1.0 / math.sqrt(2.0))))
+  pdf = jnp.exp(-0.5 * x32 * x32) * (1.0 / math.sqrt(2.0 * math.pi))
+  return ((g.astype(jnp.float32) * (cdf + x32 * pdf)).astype(g.dtype),)
+
+
+gelu.defvjp(_gelu_fwd, _gelu_bwd)
 
 
 class Dropout(nn.Module):
@@ -60,8 +139,29 @@ class Dropout(nn.Module):
   def __call__(self, x, deterministic: bool):
     if deterministic or self.rate == 0.0:
       return x
-    keep = keep_mask(self.make_rng("dropout"), x.shape, self.rate)
-    return jnp.where(keep, x / jnp.asarray(1.0 - self.rate, x.dtype), jnp.zeros_like(x))
+    return apply_keep_mask(x, self.mask(x.shape), self.rate)
+
+  def mask(self, shape: tuple[int, ...]):
+    """The keep-mask for an array of this shape (draws from the 'dropout' stream)."""
+    return keep_mask(self.make_rng("dropout"), shape, self.rate)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def apply_keep_mask(x, keep, rate: float):
+  """x / (1 - rate) where keep, else 0. The backward pass keeps only the mask
+  (autodiff of a select also keeps a zero array the size of x)."""
+  return jnp.where(keep, x / jnp.asarray(1.0 - rate, x.dtype), jnp.zeros_like(x))
+
+
+def _apply_keep_mask_fwd(x, keep, rate):
+  return apply_keep_mask(x, keep, rate), keep
+
+
+def _apply_keep_mask_bwd(rate, keep, g):
+  return apply_keep_mask(g, keep, rate), None
+
+
+apply_keep_mask.defvjp(_apply_keep_mask_fwd, _apply_keep_mask_bwd)
 
 
 def keep_mask(key, shape: tuple[int, ...], rate: float):
@@ -215,14 +315,14 @@ class SelfAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-  """Dense(4D) + exact GELU + Dense(D)."""
+  """Dense(4D) + exact GELU (layers.gelu) + Dense(D)."""
   config: BertConfig
 
   @nn.compact
   def __call__(self, x_BxLxD):
     c = self.config
     h_BxLxF = dense(c, c.intermediate_size, ("embed", "mlp"), "intermediate")(x_BxLxD)
-    h_BxLxF = nn.gelu(h_BxLxF, approximate=False)
+    h_BxLxF = gelu(h_BxLxF)
     h_BxLxF = nn.with_logical_constraint(
         h_BxLxF, ("activation_batch", "activation_length", "activation_mlp"))
     return dense(c, c.hidden_size, ("mlp", "embed"), "output")(h_BxLxF)
