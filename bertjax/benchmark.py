@@ -15,6 +15,7 @@ fits. bertjax/benchmarks/tpu_fit_table.py runs this over configs and slices."""
 import dataclasses
 import math
 import time
+from typing import NamedTuple
 
 from absl import app
 from absl import flags
@@ -188,19 +189,31 @@ MAX_SEARCHED_BATCH = 65536  # Per device; the search stops here.
 BATCH_STEP = 8  # The search's resolution: per-device batches are multiples of this.
 
 
+class MaxBatch(NamedTuple):
+  """find_max_batch's answer: the batch, its compile, and memory per sequence near it."""
+  batch: int  # Largest per-device batch that fits (0: none).
+  result: AotResult | None  # The compile at `batch`.
+  bytes_per_item: float | None  # Memory per sequence between the bracketing compiles.
+
+
 def find_max_batch(make_config, topology: str, phase_name: str, start: int,
-                   log=print, known: AotResult | None = None) -> tuple[int, AotResult | None]:
+                   log=print, known: AotResult | None = None,
+                   per_item_hint: float | None = None) -> MaxBatch:
   """Largest per-device batch (a multiple of BATCH_STEP) whose step fits: search over compiles.
 
   `make_config()` gives a fresh run config; the batch per device is per
   data-parallel device (global batch / (mesh.data x mesh.fsdp)), and the
   search starts from a compile at `start` (`known`, when that compile is
   already done). Memory is close to linear in the batch: the first compile
-  predicts the answer as if all but the arguments (parameters and optimizer
-  state) grew with the batch, the second compile there fits a line, the
-  line predicts again and compiles around the prediction confirm it. The
-  answer is always bracketed by a compile that fits and one (BATCH_STEP
-  larger) that does not, narrowed by bisection where the line was off.
+  predicts the answer, from `per_item_hint` (bytes per sequence, e.g. a
+  similar search's bytes_per_item) and then the neighbouring batch is
+  compiled too, or else as if all but the arguments (parameters and
+  optimizer state) grew with the batch. A compile at that prediction fits a
+  line, the line predicts again and compiles around the prediction confirm
+  it. The answer is always bracketed by a compile that fits and one
+  (BATCH_STEP larger) that does not, narrowed by bisection where the
+  predictions were off; the hint changes how many compiles that takes, not
+  the answer.
   """
   tried: dict[int, AotResult] = {}
   step = BATCH_STEP
@@ -222,14 +235,21 @@ def find_max_batch(make_config, topology: str, phase_name: str, start: int,
     tried[a] = known
   ra = compile_at(a)
   if ra.hbm_bytes is None:
-    return 0, None
+    return MaxBatch(0, None, None)
   growing = ra.total_bytes - ra.argument_bytes
-  b = to_batch(a * (ra.hbm_bytes - ra.argument_bytes) / growing) if growing > 0 else 2 * a
+  if per_item_hint:
+    b = to_batch(a + (ra.hbm_bytes - ra.total_bytes) / per_item_hint)
+  else:
+    b = to_batch(a * (ra.hbm_bytes - ra.argument_bytes) / growing) if growing > 0 else 2 * a
   if b == a:
     b = a + step if ra.fits else max(step, a // 2 // step * step)
   if b == a:  # a == step and it does not fit.
-    return 0, None
+    return MaxBatch(0, None, None)
   rb = compile_at(b)
+  if per_item_hint:  # A hinted guess is usually within a step: try its neighbour.
+    neighbour = b + step if rb.fits else b - step
+    if neighbour >= step:
+      compile_at(neighbour)
   (a, ra), (b, rb) = sorted([(a, ra), (b, rb)], key=lambda t: t[0])
   per_item = (rb.total_bytes - ra.total_bytes) / (b - a)
   guess = (to_batch(a + (ra.hbm_bytes - ra.total_bytes) / per_item) if per_item > 0
@@ -257,7 +277,9 @@ def find_max_batch(make_config, topology: str, phase_name: str, start: int,
   while hi is not None and hi - lo > step:
     mid = max(lo + step, (lo + hi) // 2 // step * step)
     lo, hi = (mid, hi) if compile_at(mid).fits else (lo, mid)
-  return lo, tried.get(lo)
+  if lo and hi is not None:
+    per_item = (tried[hi].total_bytes - tried[lo].total_bytes) / (hi - lo)
+  return MaxBatch(lo, tried.get(lo), per_item if per_item > 0 else None)
 
 
 def _num_devices(topology: str) -> int:
@@ -293,7 +315,7 @@ def compile_for_topology(config):
     config_copy = config.copy_and_resolve_references()
     dp = math.prod(sharding_lib.mesh_shape(config.mesh, _num_devices(_TOPOLOGY.value))[:2])
     phase = _PHASE.value or next(iter(config.phases))
-    best, result = find_max_batch(lambda: config_copy.copy_and_resolve_references(),
+    best, result, _ = find_max_batch(lambda: config_copy.copy_and_resolve_references(),
                                   _TOPOLOGY.value, phase,
                                   config.phases[phase].global_batch_size // dp)
     print(f"largest per-device batch that fits: {best}")

@@ -175,8 +175,9 @@ def test_loops_in_the_compiled_program_disqualify_its_flop_count():
     (9.0, 0.02, 0.0, 16.0),
     (17.0, 0.05, 0.0, 16.0),  # Nothing fits.
 ])
+@pytest.mark.parametrize("hint", [None, 1.0, 0.5, 2.0])  # x the true memory per sequence.
 def test_find_max_batch_brackets_the_answer_with_compiles(monkeypatch, fixed, per_item,
-                                                          curve, hbm):
+                                                          curve, hbm, hint):
   from bertjax import benchmark  # pylint: disable=g-import-not-at-top
   compiled = []
 
@@ -196,8 +197,9 @@ def test_find_max_batch_brackets_the_answer_with_compiles(monkeypatch, fixed, pe
   config = lambda: __import__("ml_collections").ConfigDict(
       {"mesh": {"data": -1, "fsdp": 1, "tensor": 1}})
   known = fake_compile(None, "v5e:2x4", "seq128", 32 * 8)  # The table's own compile.
-  best, result = benchmark.find_max_batch(config, "v5e:2x4", "seq128", 32, log=lambda m: None,
-                                          known=known)
+  best, result, found = benchmark.find_max_batch(
+      config, "v5e:2x4", "seq128", 32, log=lambda m: None, known=known,
+      per_item_hint=hint and hint * per_item * 2**30)
   step = benchmark.BATCH_STEP
   fits = lambda n: fixed + per_item * n + curve * n ** 2 <= hbm
   assert compiled.count(32) == 1  # The known compile is not repeated.
@@ -209,4 +211,7 @@ def test_find_max_batch_brackets_the_answer_with_compiles(monkeypatch, fixed, pe
   assert result.global_batch_size == best * 8
   assert len(set(compiled)) <= 12, compiled
   if curve == 0:  # A line: the start, one compile to fit it, and the two around the answer.
-    assert len(compiled) <= 4, compiled
+    assert len(compiled) <= (4 if hint in (None, 1.0) else 5), compiled  # A wrong hint: +1.
+    assert found == pytest.approx(per_item * 2**30, rel=1e-6)
+    if hint == 1.0:  # The right memory per sequence: the start and the two around the answer.
+      assert len(compiled) == 3, compiled
