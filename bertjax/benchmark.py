@@ -193,7 +193,7 @@ class MaxBatch(NamedTuple):
   """find_max_batch's answer: the batch, its compile, and memory per sequence near it."""
   batch: int  # Largest per-device batch that fits (0: none).
   result: AotResult | None  # The compile at `batch`.
-  bytes_per_item: float | None  # Memory per sequence between the bracketing compiles.
+  bytes_per_item: float | None  # Memory per sequence, from the compiles nearest above it.
 
 
 def find_max_batch(make_config, topology: str, phase_name: str, start: int,
@@ -213,19 +213,29 @@ def find_max_batch(make_config, topology: str, phase_name: str, start: int,
   it. The answer is always bracketed by a compile that fits and one
   (BATCH_STEP larger) that does not, narrowed by bisection where the
   predictions were off; the hint changes how many compiles that takes, not
-  the answer.
+  the answer. A compile that the compiler itself stops for lack of HBM
+  (RESOURCE_EXHAUSTED) counts as one that does not fit.
   """
-  tried: dict[int, AotResult] = {}
+  tried: dict[int, AotResult | None] = {}  # None: the compiler ran out of HBM.
   step = BATCH_STEP
 
-  def compile_at(per_device: int) -> AotResult:
+  def compile_at(per_device: int) -> AotResult | None:
     if per_device not in tried:
       config = make_config()
       dp = math.prod(sharding_lib.mesh_shape(config.mesh, _num_devices(topology))[:2])
-      tried[per_device] = aot_compile(config, topology, phase_name, per_device * dp)
-      log(f"  per-device batch {per_device}: {_gib(tried[per_device].total_bytes)} -> "
-          f"{'fits' if tried[per_device].fits else 'does not fit'}")
+      try:
+        tried[per_device] = aot_compile(config, topology, phase_name, per_device * dp)
+        log(f"  per-device batch {per_device}: {_gib(tried[per_device].total_bytes)} -> "
+            f"{'fits' if tried[per_device].fits else 'does not fit'}")
+      except jax.errors.JaxRuntimeError as e:
+        if not is_out_of_memory(e):
+          raise
+        tried[per_device] = None
+        log(f"  per-device batch {per_device}: the compiler ran out of HBM -> does not fit")
     return tried[per_device]
+
+  def fits(n: int) -> bool:
+    return tried[n] is not None and tried[n].fits
 
   def to_batch(x: float) -> int:
     return int(min(max(x, step), MAX_SEARCHED_BATCH)) // step * step
@@ -234,52 +244,68 @@ def find_max_batch(make_config, topology: str, phase_name: str, start: int,
   if known is not None and start == a:
     tried[a] = known
   ra = compile_at(a)
-  if ra.hbm_bytes is None:
+  while ra is None and a > step:  # Start where the compiler gets through.
+    a = max(step, a // 2 // step * step)
+    ra = compile_at(a)
+  if ra is None or ra.hbm_bytes is None:
     return MaxBatch(0, None, None)
+  hbm = ra.hbm_bytes
   growing = ra.total_bytes - ra.argument_bytes
   if per_item_hint:
-    b = to_batch(a + (ra.hbm_bytes - ra.total_bytes) / per_item_hint)
+    b = to_batch(a + (hbm - ra.total_bytes) / per_item_hint)
   else:
-    b = to_batch(a * (ra.hbm_bytes - ra.argument_bytes) / growing) if growing > 0 else 2 * a
+    b = to_batch(a * (hbm - ra.argument_bytes) / growing) if growing > 0 else 2 * a
   if b == a:
     b = a + step if ra.fits else max(step, a // 2 // step * step)
   if b == a:  # a == step and it does not fit.
     return MaxBatch(0, None, None)
   rb = compile_at(b)
   if per_item_hint:  # A hinted guess is usually within a step: try its neighbour.
-    neighbour = b + step if rb.fits else b - step
+    neighbour = b + step if fits(b) else b - step
     if neighbour >= step:
       compile_at(neighbour)
-  (a, ra), (b, rb) = sorted([(a, ra), (b, rb)], key=lambda t: t[0])
-  per_item = (rb.total_bytes - ra.total_bytes) / (b - a)
-  guess = (to_batch(a + (ra.hbm_bytes - ra.total_bytes) / per_item) if per_item > 0
-           else MAX_SEARCHED_BATCH)
+  guess = None
+  if rb is not None:
+    (a1, r1), (b1, r2) = sorted([(a, ra), (b, rb)], key=lambda t: t[0])
+    per_item = (r2.total_bytes - r1.total_bytes) / (b1 - a1)
+    guess = (to_batch(a1 + (hbm - r1.total_bytes) / per_item) if per_item > 0
+             else MAX_SEARCHED_BATCH)
   lo, hi = 0, None  # lo fits (0: nothing yet); hi does not.
   for n in sorted(tried):
-    if tried[n].fits:
+    if fits(n):
       lo = max(lo, n)
     elif hi is None or n < hi:
       hi = n
-  for probe in (guess, guess + step):
+  for probe in (() if guess is None else (guess, guess + step)):
     if lo < probe and (hi is None or probe < hi):
-      if compile_at(probe).fits:
-        lo = probe
-      else:
-        hi = probe
+      compile_at(probe)
+      lo, hi = (probe, hi) if fits(probe) else (lo, probe)
   while hi is None and lo < MAX_SEARCHED_BATCH:
     # Still fitting above the line's guess: extrapolate from the two largest
     # fitting compiles (at least one step, at most doubling).
     below = max(n for n in tried if n < lo)
     slope = (tried[lo].total_bytes - tried[below].total_bytes) / (lo - below)
-    room = (ra.hbm_bytes - tried[lo].total_bytes) / slope if slope > 0 else lo
+    room = (hbm - tried[lo].total_bytes) / slope if slope > 0 else lo
     probe = min(max(lo + step, int(lo + room) // step * step), lo * 2, MAX_SEARCHED_BATCH)
-    lo, hi = (probe, None) if compile_at(probe).fits else (lo, probe)
+    compile_at(probe)
+    lo, hi = (probe, None) if fits(probe) else (lo, probe)
   while hi is not None and hi - lo > step:
     mid = max(lo + step, (lo + hi) // 2 // step * step)
-    lo, hi = (mid, hi) if compile_at(mid).fits else (lo, mid)
-  if lo and hi is not None:
-    per_item = (tried[hi].total_bytes - tried[lo].total_bytes) / (hi - lo)
-  return MaxBatch(lo, tried.get(lo), per_item if per_item > 0 else None)
+    compile_at(mid)
+    lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+  measured = sorted(n for n in tried if tried[n] is not None)
+  near = [n for n in measured if n >= lo][:2] if lo else measured[:2]
+  if len(near) < 2:
+    near = measured[-2:]
+  per_item = None
+  if len(near) == 2:
+    per_item = (tried[near[1]].total_bytes - tried[near[0]].total_bytes) / (near[1] - near[0])
+  return MaxBatch(lo, tried.get(lo), per_item if per_item and per_item > 0 else None)
+
+
+def is_out_of_memory(error: Exception) -> bool:
+  """Whether a compile failed because the program needs more HBM than the device has."""
+  return "RESOURCE_EXHAUSTED" in str(error)
 
 
 def _num_devices(topology: str) -> int:

@@ -87,7 +87,14 @@ def main():
       per_item = None  # Memory per sequence from the last search of this config and phase.
       for slice_name in args.slices.split(","):
         make = lambda c=config_name: load_config(c, args.attention_dropout_rate)
-        result = benchmark.aot_compile(make(), SLICES[slice_name], phase)
+        try:
+          result = benchmark.aot_compile(make(), SLICES[slice_name], phase)
+        except jax.errors.JaxRuntimeError as e:
+          if not benchmark.is_out_of_memory(e):
+            raise
+          print(f"| {config_name} | {phase} | {slice_name} | | | | more than the device "
+                f"has (the compiler ran out of HBM) | no |" + " |" * 5, flush=True)
+          continue
         max_batch = None
         if args.find_max_batch:
           dp = result.global_batch_size // max(1, result.mesh["data"] * result.mesh["fsdp"])
