@@ -193,7 +193,7 @@ class MaxBatch(NamedTuple):
   """find_max_batch's answer: the batch, its compile, and memory per sequence near it."""
   batch: int  # Largest per-device batch that fits (0: none).
   result: AotResult | None  # The compile at `batch`.
-  bytes_per_item: float | None  # Memory per sequence, from the compiles nearest above it.
+  bytes_per_item: float | None  # Memory per sequence, from the two compiles nearest it.
 
 
 def find_max_batch(make_config, topology: str, phase_name: str, start: int,
@@ -211,8 +211,9 @@ def find_max_batch(make_config, topology: str, phase_name: str, start: int,
   optimizer state) grew with the batch. A compile at that prediction fits a
   line, the line predicts again and compiles around the prediction confirm
   it. The answer is always bracketed by a compile that fits and one
-  (BATCH_STEP larger) that does not, narrowed by bisection where the
-  predictions were off; the hint changes how many compiles that takes, not
+  (BATCH_STEP larger) that does not; where the predictions were off, the
+  bracket narrows by interpolating between its ends (bisecting when that
+  did not halve it). The hint changes how many compiles that takes, not
   the answer. A compile that the compiler itself stops for lack of HBM
   (RESOURCE_EXHAUSTED) counts as one that does not fit.
   """
@@ -289,17 +290,25 @@ def find_max_batch(make_config, topology: str, phase_name: str, start: int,
     probe = min(max(lo + step, int(lo + room) // step * step), lo * 2, MAX_SEARCHED_BATCH)
     compile_at(probe)
     lo, hi = (probe, None) if fits(probe) else (lo, probe)
+  interpolate = True
   while hi is not None and hi - lo > step:
-    mid = max(lo + step, (lo + hi) // 2 // step * step)
+    # Between a fit and a miss: where the line through both meets the HBM,
+    # or the midpoint after a step that did not halve the interval.
+    mid = (lo + hi) // 2
+    if interpolate and lo and tried[hi] is not None:
+      slope = (tried[hi].total_bytes - tried[lo].total_bytes) / (hi - lo)
+      if slope > 0:
+        mid = lo + int((hbm - tried[lo].total_bytes) / slope)
+    mid = min(max(lo + step, mid // step * step), hi - step)
     compile_at(mid)
+    width = hi - lo
     lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-  measured = sorted(n for n in tried if tried[n] is not None)
-  near = [n for n in measured if n >= lo][:2] if lo else measured[:2]
-  if len(near) < 2:
-    near = measured[-2:]
+    interpolate = 2 * (hi - lo) <= width
+  measured = sorted((n for n in tried if tried[n] is not None), key=lambda n: abs(n - lo))
   per_item = None
-  if len(near) == 2:
-    per_item = (tried[near[1]].total_bytes - tried[near[0]].total_bytes) / (near[1] - near[0])
+  if len(measured) >= 2:
+    (n0, r0), (n1, r1) = sorted((n, tried[n]) for n in measured[:2])
+    per_item = (r1.total_bytes - r0.total_bytes) / (n1 - n0)
   return MaxBatch(lo, tried.get(lo), per_item if per_item and per_item > 0 else None)
 
 

@@ -33,11 +33,6 @@ def zeros_init(axes: tuple[str | None, ...]) -> Callable:
   return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
 
 
-def layer_norm(config: BertConfig, name: str) -> "LayerNorm":
-  """LayerNorm computed in fp32 whatever the compute dtype."""
-  return LayerNorm(config.layer_norm_eps, config.params_dtype, name=name)
-
-
 class LayerNorm(nn.Module):
   """LayerNorm over the last axis, in fp32, with a written-out gradient.
 
@@ -59,6 +54,11 @@ class LayerNorm(nn.Module):
                        features, self.param_dtype)
     bias = self.param("bias", zeros_init(("norm",)), features, self.param_dtype)
     return normalise(x, scale, bias, self.epsilon)
+
+
+def layer_norm(config: BertConfig, name: str) -> LayerNorm:
+  """LayerNorm computed in fp32 whatever the compute dtype."""
+  return LayerNorm(config.layer_norm_eps, config.params_dtype, name=name)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
