@@ -198,10 +198,11 @@ class MaxBatch(NamedTuple):
 
 def find_max_batch(make_config, topology: str, phase_name: str, start: int,
                    log=print, known: AotResult | None = None,
-                   per_item_hint: float | None = None) -> MaxBatch:
+                   per_item_hint: float | None = None, vocab_size: int = 30522) -> MaxBatch:
   """Largest per-device batch (a multiple of BATCH_STEP) whose step fits: search over compiles.
 
-  `make_config()` gives a fresh run config; the batch per device is per
+  `make_config()` gives a fresh run config (`vocab_size` as in aot_compile:
+  used where its model.vocab_size is 0); the batch per device is per
   data-parallel device (global batch / (mesh.data x mesh.fsdp)), and the
   search starts from a compile at `start` (`known`, when that compile is
   already done). Memory is close to linear in the batch: the first compile
@@ -225,7 +226,8 @@ def find_max_batch(make_config, topology: str, phase_name: str, start: int,
       config = make_config()
       dp = math.prod(sharding_lib.mesh_shape(config.mesh, _num_devices(topology))[:2])
       try:
-        tried[per_device] = aot_compile(config, topology, phase_name, per_device * dp)
+        tried[per_device] = aot_compile(config, topology, phase_name, per_device * dp,
+                                        vocab_size=vocab_size)
         log(f"  per-device batch {per_device}: {_gib(tried[per_device].total_bytes)} -> "
             f"{'fits' if tried[per_device].fits else 'does not fit'}")
       except jax.errors.JaxRuntimeError as e:
@@ -351,8 +353,9 @@ def compile_for_topology(config):
     dp = math.prod(sharding_lib.mesh_shape(config.mesh, _num_devices(_TOPOLOGY.value))[:2])
     phase = _PHASE.value or next(iter(config.phases))
     best, result, _ = find_max_batch(lambda: config_copy.copy_and_resolve_references(),
-                                  _TOPOLOGY.value, phase,
-                                  config.phases[phase].global_batch_size // dp)
+                                     _TOPOLOGY.value, phase,
+                                     config.phases[phase].global_batch_size // dp,
+                                     vocab_size=_VOCAB.value)
     print(f"largest per-device batch that fits: {best}")
     if result is not None:
       print_aot(result)

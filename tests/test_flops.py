@@ -183,7 +183,8 @@ def test_find_max_batch_brackets_the_answer_with_compiles(monkeypatch, fixed, pe
   from bertjax import benchmark  # pylint: disable=g-import-not-at-top
   compiled = []
 
-  def fake_compile(config, topology, phase_name, global_batch_size):
+  def fake_compile(config, topology, phase_name, global_batch_size, vocab_size=6000):
+    assert vocab_size == 6000  # The search passes its vocab size on to every compile.
     per_device = global_batch_size // 8
     compiled.append(per_device)
     gib = fixed + per_item * per_device + curve * per_device ** 2
@@ -207,7 +208,7 @@ def test_find_max_batch_brackets_the_answer_with_compiles(monkeypatch, fixed, pe
     known = None
   best, result, found = benchmark.find_max_batch(
       config, "v5e:2x4", "seq128", 32, log=lambda m: None, known=known,
-      per_item_hint=hint and hint * per_item * 2**30)
+      per_item_hint=hint and hint * per_item * 2**30, vocab_size=6000)
   step = benchmark.BATCH_STEP
   fits = lambda n: fixed + per_item * n + curve * n ** 2 <= hbm
   assert compiled.count(32) == 1 + (known is None)  # A known compile is not repeated.

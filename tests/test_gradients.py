@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from bertjax.model import attention
+from bertjax.model import dropout
 from bertjax.model import layers
 from bertjax.model.config import BertConfig
 
@@ -83,14 +84,14 @@ def test_layer_norm_matches_flax(dtype):
 
 def test_dropout_gradient_is_the_mask_and_keeps_only_the_mask():
   x = jnp.asarray(np.random.default_rng(2).normal(size=(4, 64)), jnp.float32)
-  keep = layers.keep_mask(jax.random.key(3), x.shape, 0.25)
-  y, pullback = jax.vjp(lambda t: layers.apply_keep_mask(t, keep, 0.25), x)
+  keep = dropout.keep_mask(jax.random.key(3), x.shape, 0.25)
+  y, pullback = jax.vjp(lambda t: dropout.apply_keep_mask(t, keep, 0.25), x)
   np.testing.assert_array_equal(y, jnp.where(keep, x / 0.75, 0.0))
   (g,) = pullback(jnp.ones_like(x))
   np.testing.assert_array_equal(g, jnp.where(keep, 1 / 0.75, 0.0))
   def loss(apply):
-    return lambda t: jnp.sum(apply(t, layers.keep_mask(jax.random.key(3), x.shape, 0.25)) ** 2)
-  ours = kept(loss(lambda t, k: layers.apply_keep_mask(t, k, 0.25)), x)
+    return lambda t: jnp.sum(apply(t, dropout.keep_mask(jax.random.key(3), x.shape, 0.25)) ** 2)
+  ours = kept(loss(lambda t, k: dropout.apply_keep_mask(t, k, 0.25)), x)
   assert sorted(str(dt) for _, dt in ours) == ["bool", "float32"]  # The mask; y for the square.
   # A select differentiated by autodiff also keeps an array of zeros.
   assert len(kept(loss(lambda t, k: jax.lax.select(k, t / 0.75, jnp.zeros_like(t))), x)) == 3
@@ -112,7 +113,7 @@ def test_probabilities_times_values_matches_autodiff(dtype, rate):
   logits = jnp.asarray(rng.normal(size=(b, n, length, length)) * 2, jnp.float32)
   v = jnp.asarray(rng.normal(size=(b, length, n, h)), dtype)
   mask = jnp.asarray(np.arange(length)[None, :] < np.array([16, 9, 0])[:, None])  # Row 2: all padding.
-  keep = layers.keep_mask(jax.random.key(5), logits.shape, rate) if rate else None
+  keep = dropout.keep_mask(jax.random.key(5), logits.shape, rate) if rate else None
   weights = jnp.asarray(rng.normal(size=(b, length, n, h)), jnp.float32)
   loss = lambda fn: lambda lg, vv: jnp.sum(fn(lg, vv, mask, keep, rate).astype(jnp.float32)
                                            * weights)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from bertjax.model import attention
+from bertjax.model import dropout
 from bertjax.model import layers
 from bertjax.model.bert import BertForPreTraining
 from bertjax.model.config import BASE, LARGE, BertConfig
@@ -412,22 +413,22 @@ def test_last_layer_at_read_positions_only_gives_the_same_heads_and_gradients(
 
 def test_dropout_keep_mask_rate_independence_and_fallback():
   key = jax.random.key(0)
-  mask = np.asarray(layers.keep_mask(key, (64, 128, 256), 0.1))
+  mask = np.asarray(dropout.keep_mask(key, (64, 128, 256), 0.1))
   assert abs(mask.mean() - 0.9) < 0.002, mask.mean()
   # The two words of each hash fill different halves: they are not copies.
   assert (mask[..., :128] != mask[..., 128:]).mean() > 0.15
   assert (mask[0] != mask[1]).mean() > 0.15  # Rows differ.
-  assert np.array_equal(mask, np.asarray(layers.keep_mask(key, (64, 128, 256), 0.1)))
-  other = np.asarray(layers.keep_mask(jax.random.key(1), (64, 128, 256), 0.1))
+  assert np.array_equal(mask, np.asarray(dropout.keep_mask(key, (64, 128, 256), 0.1)))
+  other = np.asarray(dropout.keep_mask(jax.random.key(1), (64, 128, 256), 0.1))
   assert (mask != other).mean() > 0.15
-  odd = np.asarray(layers.keep_mask(key, (64, 129), 0.25))  # Falls back to bernoulli.
+  odd = np.asarray(dropout.keep_mask(key, (64, 129), 0.25))  # Falls back to bernoulli.
   assert odd.shape == (64, 129) and abs(odd.mean() - 0.75) < 0.03
-  rbg = np.asarray(layers.keep_mask(jax.random.key(0, impl="rbg"), (64, 128), 0.5))
+  rbg = np.asarray(dropout.keep_mask(jax.random.key(0, impl="rbg"), (64, 128), 0.5))
   assert abs(rbg.mean() - 0.5) < 0.03
   x = jnp.ones((8, 64))
-  out = layers.Dropout(0.5).apply({}, x, False, rngs={"dropout": key})
+  out = dropout.Dropout(0.5).apply({}, x, False, rngs={"dropout": key})
   assert set(np.unique(np.asarray(out))) <= {0.0, 2.0}
-  assert layers.Dropout(0.5).apply({}, x, True) is x
+  assert dropout.Dropout(0.5).apply({}, x, True) is x
 
 
 @pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])

@@ -27,6 +27,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bertjax.model.dropout import apply_keep_mask
+
 IMPLS = ("auto", "xla", "splash", "cudnn")
 FUSED = ("splash", "cudnn")
 # The platform each fused kernel runs on (splash also on CPU, interpreted).
@@ -106,7 +108,7 @@ def xla_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, dropout=None,
                   deterministic: bool = True):
   """Plain attention with fp32 softmax and (optional) dropout on the probabilities.
 
-  `dropout` is a layers.Dropout, which draws the keep-mask. Softmax, dropout
+  `dropout` is a dropout.Dropout, which draws the keep-mask. Softmax, dropout
   and the product with the values are one function with a written-out
   gradient (probabilities_times_values).
   """
@@ -138,7 +140,7 @@ def probabilities_times_values(logits_BxNxLxS, v_BxSxNxH, mask_BxS, keep_BxNxLxS
 def _dropped(probs_BxNxLxS, keep_BxNxLxS, rate):
   if keep_BxNxLxS is None:
     return probs_BxNxLxS
-  return jnp.where(keep_BxNxLxS, probs_BxNxLxS / (1.0 - rate), 0.0)
+  return apply_keep_mask(probs_BxNxLxS, keep_BxNxLxS, rate)
 
 
 def _probabilities_times_values_fwd(logits_BxNxLxS, v_BxSxNxH, mask_BxS, keep_BxNxLxS, rate):

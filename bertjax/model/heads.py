@@ -16,7 +16,8 @@ import jax.numpy as jnp
 
 from bertjax.model.bert import BertModel
 from bertjax.model.config import BertConfig
-from bertjax.model.layers import Dropout, dense
+from bertjax.model.dropout import Dropout
+from bertjax.model.layers import dense
 
 
 class BertForSequenceClassification(nn.Module):
