@@ -2,24 +2,29 @@
 
   python -m bertjax.benchmark --config=configs/base.py --phase=seq128 --steps=20
 
-prints compile time, step time, sequences/s, tokens/s and utilisation (with
+prints compile time, step time, sequences/s, tokens/s and utilisation (MFU
+from the analytic model FLOPs, HFU from XLA's count where it is complete; with
 --compile_cache_dir the compile is loaded from that cache when it holds the
 step). With --topology (e.g. v5e:2x4, v4:2x2x1) it instead compiles the step
 ahead of time for that TPU slice on this machine (needs `pip install
 jax[tpu]` and JAX_PLATFORMS=cpu) and prints the per-device memory the program
-needs, whether it fits the device's HBM, and XLA's FLOPs against the
-analytic count, which shows that it compiles and fits before any TPU is
-booked; --find_max_batch binary-searches the largest per-device batch that
-fits. bertjax/benchmarks/tpu_fit_table.py runs this over configs and slices."""
+needs, whether it fits the HBM that the compiler lets a program use on one
+device of that slice, and XLA's FLOPs against the analytic count, which
+shows that it compiles and fits before any TPU is booked; --find_max_batch
+searches for the largest per-device batch that fits.
+bertjax/benchmarks/tpu_fit_table.py runs this over configs and slices."""
 
 import dataclasses
+import functools
 import math
+import re
 import time
 from typing import NamedTuple
 
 from absl import app
 from absl import flags
 import jax
+import jax.numpy as jnp
 import numpy as np
 from ml_collections import config_flags
 
@@ -47,8 +52,8 @@ _CACHE = flags.DEFINE_string(
     "compile_cache_dir", "", "Persistent compilation cache directory; a second run with "
     "the same config loads the step from it.")
 _FIND_MAX_BATCH = flags.DEFINE_bool(
-    "find_max_batch", False, "With --topology: binary-search the largest per-device batch "
-    "that fits a device's HBM (one ahead-of-time compile per try).")
+    "find_max_batch", False, "With --topology: search for the largest per-device batch "
+    "that fits the HBM available on a device (one ahead-of-time compile per try).")
 
 
 def build(config, devices, *, phase_name: str = "", vocab_size: int = 30522,
@@ -86,7 +91,7 @@ def _gib(n):
 class AotResult:
   """What an ahead-of-time compile for a TPU slice tells (bytes and FLOPs per device)."""
   topology: str
-  devices: int  # JAX devices: one per chip, or one per TensorCore (v4, v5p topologies).
+  devices: int  # JAX devices: one per chip (see topology_devices).
   chips: int
   device_kind: str
   mesh: dict
@@ -102,19 +107,22 @@ class AotResult:
   analytic_flops: float  # bertjax's model FLOPs for one step of the global batch.
   xla_view_flops: float  # The analytic count as XLA counts it (see flops_as_xla_counts).
   while_loops: int = 0  # `while` instructions in the optimized program (bodies counted once).
+  # HBM the compiler lets a program use on one device (available_hbm_bytes); None: unknown.
+  hbm_bytes: int | None = None
 
   @property
   def total_bytes(self) -> int:
     return self.argument_bytes + self.temp_bytes + self.unaliased_output_bytes
 
   @property
-  def hbm_bytes(self) -> int | None:
-    """HBM of one device: the chip's, shared by the devices on it."""
+  def nominal_hbm_bytes(self) -> int | None:
+    """The chip's nominal HBM (flops.HBM_GIB), shared by the devices on it; None: unknown."""
     gib = flops.hbm_gib(self.device_kind)
     return None if gib is None else int(gib * 2**30 * self.chips / self.devices)
 
   @property
   def fits(self) -> bool | None:
+    """Whether the memory XLA's analysis reports is within the compiler's available HBM."""
     return None if self.hbm_bytes is None else self.total_bytes <= self.hbm_bytes
 
 
@@ -140,8 +148,7 @@ def flops_as_xla_counts(model_config, seq_len, num_predictions, batch, attention
 def aot_compile(config, topology: str, phase_name: str = "",
                 global_batch_size: int | None = None, vocab_size: int = 30522) -> AotResult:
   """Compiles the train step ahead of time for a TPU topology (e.g. v5e:2x4)."""
-  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
-  devices = topologies.get_topology_desc(platform="tpu", topology_name=topology).devices
+  devices = topology_devices(topology)
   if global_batch_size:
     config.phases[phase_name or next(iter(config.phases))].global_batch_size = global_batch_size
   model_config, phase, mesh, rules, model, tx = build(
@@ -177,7 +184,70 @@ def aot_compile(config, topology: str, phase_name: str = "",
       analytic_flops=flops.train_flops_per_sequence(model_config, *args)
       * phase.global_batch_size,
       xla_view_flops=flops_as_xla_counts(model_config, *args, phase.global_batch_size,
-                                         kernel, accum))
+                                         kernel, accum),
+      hbm_bytes=available_hbm_bytes(topology))
+
+
+# Options of jax.experimental.topologies.get_topology_desc by TPU generation. A
+# v4 topology lists each chip's two TensorCores as two devices unless asked
+# for megacore, where one device is the whole chip, as the v4 runtime runs it.
+# v5p topologies list one device per chip without being asked.
+TOPOLOGY_OPTIONS = {"v4": {"chip_config_name": "megacore"}}
+
+
+def topology_devices(topology: str) -> list:
+  """The compile-only devices of a TPU topology (e.g. v4:2x2x1), one per chip."""
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  options = TOPOLOGY_OPTIONS.get(topology.split(":")[0], {})
+  return topologies.get_topology_desc(platform="tpu", topology_name=topology,
+                                      **options).devices
+
+
+# libtpu's RESOURCE_EXHAUSTED messages name the HBM a program may use in one of
+# two forms: "... exceeds available HBM (15.75G)." and "Used 17.20G of 15.75G hbm."
+_AVAILABLE_HBM = re.compile(
+    r"exceeds available HBM \((?P<a>[0-9.]+) ?(?P<a_unit>[KMGT]?)i?B?\)"
+    r"|Used [0-9.]+ ?[KMGT]?i?B? of (?P<b>[0-9.]+) ?(?P<b_unit>[KMGT]?)i?B? hbm",
+    re.IGNORECASE)
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def parse_available_hbm(message: str) -> int | None:
+  """Bytes of available HBM named by a libtpu out-of-memory message; None if it names none.
+
+  libtpu prints sizes in binary units rounded to two decimals (15.75G is
+  15.75 GiB), so the figure is within 0.005 of its unit of the compiler's.
+  """
+  match = _AVAILABLE_HBM.search(message)
+  if match is None:
+    return None
+  number, unit = (match["a"], match["a_unit"]) if match["a"] else (match["b"], match["b_unit"])
+  return int(float(number) * _UNITS[unit.upper()])
+
+
+OVERSIZED_BYTES = 2**40  # 1 TiB: more than the HBM of any TPU chip.
+
+
+@functools.cache
+def available_hbm_bytes(topology: str) -> int | None:
+  """HBM the compiler lets a program use on one device of `topology`, in bytes.
+
+  It differs from the chip's nominal HBM (flops.HBM_GIB): 15.75 GiB on a v5e
+  chip, for one, against 16 nominal. Read from the RESOURCE_EXHAUSTED message
+  of a compile for one of the topology's devices that needs OVERSIZED_BYTES;
+  None when the compiler does not stop it or its message names no figure. Cached per
+  topology (the compile takes under a second).
+  """
+  sharding = jax.sharding.SingleDeviceSharding(topology_devices(topology)[0])
+  oversized = jax.jit(lambda: jnp.zeros((OVERSIZED_BYTES,), jnp.uint8),
+                      out_shardings=sharding)
+  try:
+    oversized.lower().compile()
+  except jax.errors.JaxRuntimeError as e:
+    if not is_out_of_memory(e):
+      raise
+    return parse_available_hbm(str(e))
+  return None
 
 
 def _count_chips(devices) -> int:
@@ -320,8 +390,7 @@ def is_out_of_memory(error: Exception) -> bool:
 
 
 def _num_devices(topology: str) -> int:
-  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
-  return len(topologies.get_topology_desc(platform="tpu", topology_name=topology).devices)
+  return len(topology_devices(topology))
 
 
 def print_aot(r: AotResult):
@@ -333,8 +402,12 @@ def print_aot(r: AotResult):
   print(f"compile time    {r.compile_seconds:.1f} s")
   print(f"per device      arguments {_gib(r.argument_bytes)}, temporaries "
         f"{_gib(r.temp_bytes)}, outputs not aliased {_gib(r.unaliased_output_bytes)}")
-  hbm = f" of {_gib(r.hbm_bytes)} HBM: {'fits' if r.fits else 'does not fit'}" \
-      if r.hbm_bytes else ""
+  nominal = f"{_gib(r.nominal_hbm_bytes)} nominal" if r.nominal_hbm_bytes else "nominal unknown"
+  if r.hbm_bytes:
+    hbm = (f" of {_gib(r.hbm_bytes)} available HBM ({nominal}): "
+           f"{'fits' if r.fits else 'does not fit'}")
+  else:
+    hbm = f" (available HBM unknown; {nominal})"
   print(f"per device      {_gib(r.total_bytes)} in all{hbm}")
   if r.compiled_flops:
     print(f"FLOPs per step  XLA {r.compiled_flops * r.devices:.4g} (all devices), analytic "
@@ -393,7 +466,7 @@ def run_benchmark(config):
     seconds = (time.perf_counter() - t0) / _STEPS.value
   seqs = phase.global_batch_size / seconds
   peak = config.logging.peak_tflops or flops.peak_tflops(devices[0].device_kind)
-  util, source = profiling.utilisation(
+  util = profiling.utilisation(
       step_seconds=seconds, num_chips=len(devices), peak_tflops_per_chip=peak,
       model_config=model_config, seq_len=phase.max_seq_length,
       num_predictions=phase.max_predictions_per_seq,
@@ -411,7 +484,14 @@ def run_benchmark(config):
   print(f"sequences/s     {seqs:.1f}")
   print(f"tokens/s        {seqs * phase.max_seq_length:.0f}")
   print(f"model TFLOP/s   {flops.train_flops_per_sequence(model_config, phase.max_seq_length, phase.max_predictions_per_seq) * seqs / 1e12:.2f}")
-  print(f"utilisation     {f'{100 * util:.1f}% ({source} FLOPs)' if util is not None else 'n/a (unknown peak for this device)'}")
+  mfu_text = hfu_text = "n/a (unknown peak for this device)"
+  if util:
+    mfu_text = f"{100 * util['mfu']:.1f}% (analytic model FLOPs)"
+    hfu_text = (f"{100 * util['hfu']:.1f}% (XLA's hardware FLOPs)" if "hfu" in util
+                else "n/a (no XLA count of the whole step: it has loops, or the "
+                "backend gives no cost analysis)")
+  print(f"MFU             {mfu_text}")
+  print(f"HFU             {hfu_text}")
 
 
 def main(argv):

@@ -17,6 +17,8 @@ import sys
 from absl import app
 from absl import flags
 
+from bertjax.train import usage
+
 _INPUT_FILE = flags.DEFINE_string(
     "input_file", None, "Input text files: comma-separated globs, local or "
     "gs://, .gz decompressed (for --input_format=directory: directories).")
@@ -147,7 +149,7 @@ def _parse_flags(argv):
 
 def run():
   """Console-script entry point (bertjax-create-data)."""
-  app.run(main, flags_parser=_parse_flags)
+  usage.run(main, flags_parser=_parse_flags)
 
 
 if __name__ == "__main__":

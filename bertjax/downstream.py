@@ -9,8 +9,10 @@ import json
 import os
 import sys
 
+from absl import logging
 import jax
 
+from bertjax.convert import weights
 from bertjax.convert.weights import load_weights
 from bertjax.records import fileio
 from bertjax.tasks import loop
@@ -18,15 +20,50 @@ from bertjax.tasks import loop
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def finetune(config, workdir: str) -> dict:
+def take_checkpoint_settings(config, explicit=frozenset()) -> None:
+  """Sets config.model's architecture fields (but vocab_size, which comes from
+  the vocab and must equal the checkpoint's) and config.do_lower_case to what
+  the checkpoint in config.init_from says (weights.checkpoint_settings).
+
+  `explicit` names the fields the user set (e.g. {"model.hidden_size"}, the
+  command line's --config.* overrides); those keep their value, and one that
+  contradicts the checkpoint is refused naming the field: here for the
+  casing, by load_weights for the architecture.
+  """
+  if not config.init_from:
+    return
+  settings = weights.checkpoint_settings(config.init_from)
+  for field, value in settings.model.items():
+    if field != "vocab_size" and f"model.{field}" not in explicit:
+      if config.model[field] != value:
+        logging.info("model.%s=%s from %s.", field, value, config.init_from)
+      config.model[field] = value
+  lower = settings.do_lower_case
+  if lower is None:
+    return
+  if "do_lower_case" in explicit and bool(config.do_lower_case) != lower:
+    raise ValueError(
+        f"--config.do_lower_case={config.do_lower_case}, but {config.init_from} is "
+        f"{'an uncased' if lower else 'a cased'} model ({settings.casing_source}); drop "
+        f"the flag or pass --config.do_lower_case={lower}")
+  if bool(config.do_lower_case) != lower:
+    logging.info("do_lower_case=%s: %s.", lower, settings.casing_source)
+  config.do_lower_case = lower
+
+
+def finetune(config, workdir: str, explicit=frozenset()) -> dict:
   """The run the config asks for: one fine-tuning, the sweep, or the comparison
-  with random initialisation. With config.within_workdir, the run goes to
-  workdir/downstream and its results also into workdir/summary.json (the
-  pretraining run's summary) under "downstream"."""
+  with random initialisation, with the architecture and casing of init_from's
+  checkpoint but for the fields in `explicit` (take_checkpoint_settings).
+  With config.within_workdir, the run goes to workdir/downstream and its
+  results also into workdir/summary.json (the pretraining run's summary)
+  under "downstream"."""
   if not config.within_workdir:
+    take_checkpoint_settings(config, explicit)
     return _run(config, workdir)
   for field in ("init_from", "data_dir", "vocab_file"):
     config[field] = fileio.under(workdir, config[field])
+  take_checkpoint_settings(config, explicit)
   result = _run(config, os.path.join(workdir, "downstream"))
   summary_path = os.path.join(workdir, "summary.json")
   if jax.process_index() == 0 and fileio.exists(summary_path):

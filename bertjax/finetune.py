@@ -17,6 +17,7 @@ import jax
 from ml_collections import config_flags
 
 from bertjax import downstream
+from bertjax.train import usage
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Fine-tuning config file (configs/finetune/glue.py, ...).",
@@ -30,11 +31,14 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   logging.info("JAX process %d of %d, %d devices (%s).", jax.process_index(),
                jax.process_count(), jax.device_count(), jax.devices()[0].device_kind)
-  downstream.finetune(_CONFIG.value, _WORKDIR.value)
+  # The --config.* fields given on the command line keep their values; the
+  # others of the architecture and the casing come from init_from's checkpoint.
+  explicit = frozenset(config_flags.get_override_values(flags.FLAGS["config"]))
+  downstream.finetune(_CONFIG.value, _WORKDIR.value, explicit)
 
 
 def run():
-  app.run(main)
+  usage.run(main)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from bertjax.convert.weights import load_weights
 from bertjax.create import demo
 from bertjax.train import loop
 from bertjax.train import profiling
+from bertjax.train import usage
 
 _DEMO_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                             "configs", "tiny.py")
@@ -61,7 +62,7 @@ def main(argv):
 
 
 def run():
-  app.run(main)
+  usage.run(main)
 
 
 if __name__ == "__main__":

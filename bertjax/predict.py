@@ -18,6 +18,7 @@ from absl import app
 from absl import flags
 
 from bertjax.convert import inference
+from bertjax.train import usage
 
 _CHECKPOINT = flags.DEFINE_string(
     "checkpoint", None, "A bertjax checkpoints directory (latest step), one step of it, or "
@@ -51,4 +52,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  usage.run(main)

@@ -61,7 +61,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.phases.seq512 = _phase(
       fraction=0.1, max_seq_length=512, max_predictions_per_seq=80, global_batch_size=256)
 
-  # AdamW as in the paper and the original release.
+  # AdamW with the paper's hyperparameters; bias_correction=False and schedule='original' make it the original release's optimizer exactly.
   config.optimizer = ml_collections.ConfigDict()
   config.optimizer.name = "adamw"  # adamw | lamb (large batches).
   config.optimizer.learning_rate = 1e-4  # Peak learning rate.
@@ -69,12 +69,14 @@ def get_config() -> ml_collections.ConfigDict:
   config.optimizer.b2 = 0.999  # Adam beta2.
   config.optimizer.eps = 1e-6  # Adam epsilon, as in the original release.
   config.optimizer.weight_decay = 0.01  # Decoupled decay; never on LayerNorm parameters or biases.
-  config.optimizer.bias_correction = True  # False reproduces the original release's Adam (no bias correction).
+  config.optimizer.bias_correction = True  # False: the original release's Adam (no bias correction).
+  config.optimizer.schedule = "linear"  # linear: decay from the peak after warmup | original: the original release's (decay from step 0 under the warmup); with bias_correction=False, the original's optimizer exactly.
   config.optimizer.clip_norm = 1.0  # Global gradient-norm clipping; 0 disables.
   config.optimizer.warmup_steps = 10_000  # Linear warmup from 0 to the peak.
   config.optimizer.end_learning_rate = 0.0  # Linear decay ends here at total_steps.
   config.optimizer.per_phase_warmup = False  # Restart warmup (phase.warmup_steps) at each phase, decaying to the phase's end.
   config.optimizer.grad_accum_steps = 1  # Micro-batches per step; the global batch is split into this many.
+  config.optimizer.max_nonfinite_in_a_row = 10  # A step with a non-finite loss, gradient or updated parameters is skipped (state kept) and counted; this many in a row stop the run.
 
   # The device mesh; -1 takes the remaining devices.
   config.mesh = ml_collections.ConfigDict()
@@ -89,7 +91,8 @@ def get_config() -> ml_collections.ConfigDict:
       ("activation_heads", "tensor"),
       ("activation_kv", None),
       ("activation_mlp", "tensor"),
-      ("vocab", "tensor"),
+      ("vocab", ("tensor", "fsdp")),  # The word table and MLM bias: their vocab axis carries all the sharding ...
+      ("vocab_embed", None),  # ... and the table's embed axis none: XLA miscompiles gradients with it on fsdp while the batch is too (model/layers.py: tied_logits).
       ("embed", "fsdp"),
       ("heads", "tensor"),
       ("kv", None),

@@ -80,3 +80,20 @@ def write_mnli(directory: str, num: int = 20) -> str:
                    f"{a}\t{b}\t{label}\t{label}")
     _write(os.path.join(directory, name), lines)
   return directory
+
+
+def write_sst2_token_presence(directory: str, num_train: int = 256, num_dev: int = 64,
+                              token: str = "cat") -> str:
+  """SST-2's train.tsv and dev.tsv (sentence, label) of a separable task: label 1
+  exactly when `token` is in the sentence (half the rows, at a random place)."""
+  others = [w for w in WORDS if w != token]
+  for name, n, seed in (("train.tsv", num_train, 0), ("dev.tsv", num_dev, 1)):
+    rng = np.random.default_rng(seed)
+    lines = ["sentence\tlabel"]
+    for i in range(n):
+      words = list(rng.choice(others, rng.integers(3, 10)))
+      if i % 2:
+        words.insert(int(rng.integers(0, len(words) + 1)), token)
+      lines.append(f"{' '.join(words)}\t{i % 2}")
+    _write(os.path.join(directory, name), lines)
+  return directory

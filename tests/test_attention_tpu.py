@@ -69,7 +69,10 @@ def test_train_step_compiles_for_a_tpu_slice(impl, length, tmp_path_factory):
   if libtpu is None:
     pytest.skip("libtpu is not installed (pip install 'jax[tpu]')")
   env = dict(os.environ, JAX_PLATFORMS="cpu",
-             PYTHONPATH=os.pathsep.join([jax_child.REPO, os.path.dirname(__file__), libtpu]))
+             PYTHONPATH=os.pathsep.join([jax_child.REPO, os.path.dirname(__file__), libtpu]),
+             # Compiles only: pytest's workers may run two of these at once,
+             # and libtpu otherwise lets one process on the machine load it.
+             ALLOW_MULTIPLE_LIBTPU_LOAD="1")
   done = subprocess.run(
       [sys.executable, __file__, json.dumps({"impl": impl, "length": length})], env=env,
       capture_output=True, text=True, timeout=600, check=False)

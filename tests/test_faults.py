@@ -7,6 +7,7 @@ parameters of an uninterrupted run, bit for bit (equal digests).
 (A SIGTERM to one of two processes is in test_multihost.py.)
 """
 
+import json
 import os
 
 import numpy as np
@@ -78,13 +79,50 @@ def test_nonfinite_loss_stops_naming_the_step_and_resumes_from_the_last_good_che
     tmp_path_factory, reference):
   workdir = str(tmp_path_factory.mktemp("nonfinite"))
   # Metrics are read only at phase ends and checkpoints, so the NaN of step 6
-  # is found when step 6 is about to be saved.
-  result, _ = run(tmp_path_factory, workdir, nan_at=6, config={"logging.every_steps": 100})
+  # is found when step 6 is about to be saved; a limit of 1 stops there.
+  result, _ = run(tmp_path_factory, workdir, nan_at=[6],
+                  config={"logging.every_steps": 100, "optimizer.max_nonfinite_in_a_row": 1})
   assert result["summary"] is None
-  assert "NonFiniteError: non-finite loss or gradient at step 6" in result["error"]
+  assert ("NonFiniteError: non-finite loss, gradient or updated parameters at step 6 "
+          "(--config.optimizer.max_nonfinite_in_a_row=1)") in result["error"]
   assert sorted(result["checkpoints"], key=int) == ["3", "4"]
   assert all(c["finite"] for c in result["checkpoints"].values())
-  _resumes_to_the_end(tmp_path_factory, workdir, reference, from_step=4)
+  _resumes_to_the_end(tmp_path_factory, workdir, reference, from_step=4,
+                      config={"optimizer.max_nonfinite_in_a_row": 1})
+
+
+def test_nonfinite_steps_are_skipped_and_counted_until_too_many_in_a_row(tmp_path_factory):
+  workdir = str(tmp_path_factory.mktemp("skipped"))
+  # NaN masked-LM weights in the batches of steps 5, 6 and 7 make their losses NaN.
+  config = {"optimizer.max_nonfinite_in_a_row": 3}
+  result, log = run(tmp_path_factory, workdir, nan_at=[5, 6, 7], config=config)
+  assert result["summary"] is None
+  assert result["error"] == (
+      "NonFiniteError: non-finite loss, gradient or updated parameters in 3 steps in a row, "
+      "5-7 (--config.optimizer.max_nonfinite_in_a_row=3); their updates were skipped, so the "
+      "parameters are those of step 4. Lower optimizer.learning_rate, check the data, or "
+      f"resume from the last checkpoint in {os.path.join(workdir, 'checkpoints')}.")
+  assert ("Step 6: non-finite loss, gradient or updated parameters; its update was skipped "
+          "(2 in a row, 2 in all; --config.optimizer.max_nonfinite_in_a_row=3") in log
+  # The run went on through steps 5 and 6 and saved step 6, whose parameters
+  # are those of step 4 bit for bit.
+  assert sorted(result["checkpoints"], key=int) == ["3", "4", "6"]
+  assert result["checkpoints"]["6"]["digest"] == result["checkpoints"]["4"]["digest"]
+  assert all(c["finite"] for c in result["checkpoints"].values())
+  assert np.isnan(losses(workdir)[5]) and np.isnan(losses(workdir)[6])
+  assert losses(workdir, tag="train/skipped_steps") == {1: 0, 2: 0, 3: 0, 4: 0, 5: 1, 6: 2}
+  assert losses(workdir, tag="train/nonfinite_in_a_row") == {1: 0, 2: 0, 3: 0, 4: 0, 5: 1,
+                                                             6: 2}
+
+  # The rerun resumes at step 6 with the checkpoint's counts and trains to the end.
+  resumed, log = run(tmp_path_factory, workdir, config=config)
+  assert "Resumed from the checkpoint at step 6 " in log
+  assert resumed["summary"]["step"] == TOTAL_STEPS
+  assert (resumed["summary"]["skipped_steps"], resumed["summary"]["nonfinite_in_a_row"]) == (
+      2, 0)
+  assert losses(workdir, newest_only=True, tag="train/skipped_steps") == {7: 2, 8: 2}
+  with open(os.path.join(workdir, "summary.json"), encoding="utf-8") as f:
+    assert json.load(f)["skipped_steps"] == 2
 
 
 def test_file_space_running_out_in_a_save_is_a_clear_error_and_loses_nothing(

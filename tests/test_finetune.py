@@ -173,6 +173,25 @@ def test_vocab_and_dimension_mismatches_name_the_field(data, tmp_path):
   assert not os.path.exists(os.path.join(tmp_path, "run", "results.json"))
 
 
+def test_nonfinite_updates_are_skipped_and_counted_until_too_many_in_a_row(data, tmp_path):
+  # An infinite learning rate: every loss and gradient is finite, every updated
+  # parameter is not, so every one of the 8 steps is skipped.
+  inf = {"optimizer.learning_rate": float("inf"), "optimizer.max_nonfinite_in_a_row": 100}
+  skipped = loop.finetune_and_evaluate(_config(data, **inf), str(tmp_path / "skipped"))
+  assert (skipped["steps"], skipped["skipped_steps"], skipped["nonfinite_in_a_row"]) == (8, 8, 8)
+  # Its parameters are the initial ones: those of a run that does not move them.
+  still = loop.finetune_and_evaluate(_config(data, **{"optimizer.learning_rate": 0.0}),
+                                     str(tmp_path / "still"))
+  assert still["skipped_steps"] == 0 and still["dev"] == skipped["dev"]
+  jax.tree.map(np.testing.assert_array_equal, _saved_params(str(tmp_path / "skipped")),
+               _saved_params(str(tmp_path / "still")))
+  with pytest.raises(FloatingPointError, match=(
+      r"in 3 steps in a row, 1-3 \(--config\.optimizer\.max_nonfinite_in_a_row=3\); their "
+      r"updates were skipped, so the parameters are those of step 0\.")):
+    loop.finetune_and_evaluate(_config(data, **dict(inf, **{
+        "optimizer.max_nonfinite_in_a_row": 3})), str(tmp_path / "stopped"))
+
+
 def test_sweep_reports_every_run_and_the_best(data, tmp_path):
   config = _config(data)
   config.sweep.learning_rates = (1e-3, 1e-4)

@@ -2,6 +2,7 @@
 release's run_classifier; label errors, unknown tasks, batches and metrics."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -170,3 +171,14 @@ def test_metrics_by_their_definitions():
   ner = metrics.span_f1([["B-PER", "I-PER", "O", "B-LOC"]], [["B-PER", "I-PER", "O", "O"]])
   assert ner["precision"] == 1.0 and ner["recall"] == 0.5
   assert ner["f1"] == pytest.approx(2 / 3)
+
+
+@pytest.mark.parametrize("task", ["stsb", "rte", "sst2"])
+def test_a_row_without_its_label_column_names_file_and_line(task, vocab, tmp_path):
+  header, row = TSV_ROWS[task]
+  path = str(tmp_path / "train.tsv")
+  _write(path, [header, row, row.rsplit("\t", 1)[0]])  # Line 3 lacks its label.
+  # Not read with a text as its label: refused for the missing column.
+  with pytest.raises(ValueError, match=re.escape(f"{path}:3: ") + r"\d+ columns, .*label"):
+    glue.load(glue.TASKS[task], "train", tokenization.load_tokenizer("wordpiece", vocab),
+              16, str(tmp_path))

@@ -6,9 +6,13 @@ array is a stacked residual of every layer, so the count is what the
 custom gradients are for.
 """
 
+import contextlib
+import io
+import re
+
 import flax.linen as nn
 import jax
-from jax._src import ad_checkpoint
+from jax import ad_checkpoint
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -21,10 +25,24 @@ from bertjax.model.config import BertConfig
 TOLERANCE = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
 
 
+DTYPES = {"f32": jnp.dtype(jnp.float32), "bf16": jnp.dtype(jnp.bfloat16),
+          "bool": jnp.dtype(bool), "i32": jnp.dtype(jnp.int32), "u32": jnp.dtype(jnp.uint32)}
+
+
 def kept(fn, *args):
-  """The arrays autodiff keeps for the backward pass (not the arguments themselves)."""
-  return [(a.shape, a.dtype) for a, why in ad_checkpoint.saved_residuals(fn, *args)
-          if why.startswith("output of") and a.size > 1]
+  """The arrays autodiff keeps for the backward pass (not the arguments themselves),
+  as (shape, dtype), read from jax.ad_checkpoint.print_saved_residuals."""
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    ad_checkpoint.print_saved_residuals(fn, *args)
+  found = []
+  for line in out.getvalue().splitlines():
+    m = re.match(r"(\w+)\[([\d,]*)\] (.*)", line)
+    assert m, line
+    shape = tuple(int(d) for d in m.group(2).split(",") if d)
+    if m.group(3).startswith("output of") and int(np.prod(shape)) > 1:
+      found.append((shape, DTYPES[m.group(1)]))
+  return found
 
 
 def assert_close(a, b, dtype, name=""):
@@ -125,9 +143,11 @@ def test_probabilities_times_values_matches_autodiff(dtype, rate):
   assert_close(g_logits, p_logits, dtype, "logits")
   assert_close(g_v, p_v, dtype, "v")
   square = lambda fn: [str(dt) for s, dt in kept(loss(fn), logits, v) if s == logits.shape]
-  # The fp32 probabilities (and the boolean keep-mask); autodiff keeps more.
-  assert [dt for dt in square(ours) if dt != "bool"] == ["float32"]
+  # The probabilities in the compute dtype (and the boolean keep-mask);
+  # autodiff keeps more, the probabilities in fp32.
+  assert [dt for dt in square(ours) if dt != "bool"] == [str(jnp.dtype(dtype))]
   assert len([dt for dt in square(plain) if dt != "bool"]) == (4 if rate else 3)
+  assert "float32" in square(plain)
 
 
 def test_a_layer_keeps_one_square_and_two_wide_arrays():

@@ -138,3 +138,19 @@ def test_dropout_changes_training_outputs_only():
                       rngs={"dropout": jax.random.key(3)})
   np.testing.assert_array_equal(eval_a, eval_b)
   assert not np.allclose(eval_a, train)
+
+
+def test_head_projection_is_fp32_in_a_bf16_model():
+  config = _config(True).replace(dtype="bfloat16")
+  model = heads.BertForSequenceClassification(config, num_labels=1)
+  inputs = _inputs((64, LENGTH), seed=5)
+  params = _random_params(model, inputs)
+  scores = np.asarray(model.apply({"params": params}, *inputs))
+  assert scores.dtype == np.float32 and scores.shape == (64, 1)
+  assert len(np.unique(scores)) == 64  # bf16 logits would collide.
+  # The same projection in fp32 on the model's own (bf16) pooled features.
+  _, pooled = heads.BertModel(config).apply({"params": params["bert"]}, *inputs, True)
+  kernel, bias = params["classifier"]["kernel"], params["classifier"]["bias"]
+  expected = np.asarray(pooled, np.float32) @ np.asarray(kernel, np.float32) + bias
+  np.testing.assert_allclose(scores, expected, rtol=1e-6, atol=1e-6)
+  assert params["classifier"]["kernel"].dtype == np.float32

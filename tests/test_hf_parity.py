@@ -397,3 +397,66 @@ def test_shape_and_key_mismatches_are_named(references):
   untied["cls"]["predictions"]["decoder"] = {"kernel": np.zeros((64, 300), np.float32)}
   with pytest.raises(ValueError, match="untied MLM decoder"):
     hf.hf_to_bertjax(untied, hf.hf_config_to_bertjax(hf_config))
+
+
+def _masked_lm_targets(config_fields, batch, seed):
+  rng = np.random.default_rng(seed + 100)
+  weights = np.ones(batch["masked_lm_positions"].shape, np.float32)
+  weights[-1, -2:] = 0.0  # Padding predictions, as records carry them.
+  return dict(masked_lm_ids=rng.integers(1, config_fields["vocab_size"],
+                                         weights.shape).astype(np.int32),
+              masked_lm_weights=weights,
+              next_sentence_labels=rng.integers(0, 2, (BATCH,)).astype(np.int32),
+              example_weights=np.ones((BATCH,), np.float32))
+
+
+@pytest.mark.parametrize("size", ["l2_h64_a4", "l3_h96_a6_f200"])
+@pytest.mark.parametrize("scan_layers", [True, False])
+def test_pretraining_loss_gradients_match_transformers(references, size, scan_layers):
+  """The gradient of the train step's loss (the last layer at [CLS] and the
+  masked positions, the written-out gradients) against autodiff of
+  transformers' FlaxBertForPreTraining on the same weights, fp32, no dropout."""
+  from bertjax.records.schema import EXAMPLE_WEIGHT_KEY  # pylint: disable=g-import-not-at-top
+  from bertjax.train import step as step_lib  # pylint: disable=g-import-not-at-top
+  hf_config, hf_params, batches, _ = references[size]
+  batch = dict(batches["ragged"])
+  targets = _masked_lm_targets(SIZES[size], batch, 0)
+  targets[EXAMPLE_WEIGHT_KEY] = targets.pop("example_weights")
+  batch.update(targets)
+  pretraining = transformers.FlaxBertForPreTraining(hf_config, _do_init=False).module
+  position_ids = np.broadcast_to(np.arange(LENGTH), batch["input_ids"].shape)
+  mlm_w, nsp_w = batch["masked_lm_weights"], batch[EXAMPLE_WEIGHT_KEY]
+
+  def hf_loss(params):
+    out = pretraining.apply({"params": params}, batch["input_ids"], batch["input_mask"],
+                            batch["segment_ids"], position_ids, None, deterministic=True)
+    logits = jnp.take_along_axis(out.prediction_logits,
+                                 batch["masked_lm_positions"][..., None], axis=1)
+    mlm = -jnp.take_along_axis(jax.nn.log_softmax(logits), batch["masked_lm_ids"][..., None],
+                               -1)[..., 0]
+    nsp = -jnp.take_along_axis(jax.nn.log_softmax(out.seq_relationship_logits),
+                               batch["next_sentence_labels"][:, None], -1)[:, 0]
+    return jnp.sum(mlm * mlm_w) / jnp.sum(mlm_w) + jnp.sum(nsp * nsp_w) / jnp.sum(nsp_w)
+
+  config = hf.hf_config_to_bertjax(hf_config, scan_layers=scan_layers)
+  params = hf.hf_to_bertjax(hf_params, config)["params"]
+  apply_fn = BertForPreTraining(config).apply
+
+  def our_loss(p):
+    sums = step_lib.loss_sums(p, apply_fn, batch, None, deterministic=True)
+    return sums["mlm_loss"] / sums["mlm_weight"] + sums["nsp_loss"] / sums["nsp_weight"]
+
+  ref_loss, ref_grads = jax.jit(jax.value_and_grad(hf_loss))(hf_params)
+  loss, grads = jax.jit(jax.value_and_grad(our_loss))(params)
+  np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
+  # HF's gradients in bertjax's layout: the converter only reshapes, transposes and stacks.
+  expected = hf.hf_to_bertjax(jax.tree.map(np.asarray, ref_grads), config)["params"]
+  got = jax.tree.map(np.asarray, grads)
+  assert jax.tree.structure(got) == jax.tree.structure(expected)
+  scale = max(float(np.abs(g).max()) for g in jax.tree.leaves(expected))
+  for (path, g), e in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(expected)):
+    np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5 * scale,
+                               err_msg=jax.tree_util.keystr(path))
+  # Not vacuous: the last layer's and the word table's gradients are far from zero.
+  word = got["bert"]["embeddings"]["word_embeddings"]["embedding"]
+  assert np.abs(word).max() > 1e-3 * scale

@@ -94,8 +94,9 @@ def test_weight_decay_applies_only_under_the_mask():
     np.testing.assert_allclose(u, expected, rtol=1e-6, atol=1e-12, err_msg=name)
 
 
-def schedule_for(total_steps, fractions, warmup, phase_warmups=None, per_phase=False):
-  config = optimizer_config(warmup_steps=warmup, per_phase_warmup=per_phase)
+def schedule_for(total_steps, fractions, warmup, phase_warmups=None, per_phase=False,
+                 schedule="linear"):
+  config = optimizer_config(warmup_steps=warmup, per_phase_warmup=per_phase, schedule=schedule)
   bounds = opt_lib.phase_boundaries(total_steps, fractions)
   phase_warmups = phase_warmups or [0] * len(fractions)
   return opt_lib.learning_rate_schedule(config, total_steps, bounds, phase_warmups)
@@ -129,6 +130,52 @@ def test_per_phase_warmup_restarts_at_each_phase():
   for step, lr in expected.items():
     np.testing.assert_allclose(float(schedule(step)), lr, rtol=1e-5, atol=1e-12,
                                err_msg=f"step {step}")
+
+
+def original_release_learning_rate(step, init_lr, num_train_steps, num_warmup_steps,
+                                   end_lr=0.0):
+  """The original release's optimization.create_optimizer, in numpy:
+  tf.train.polynomial_decay(init_lr, step, num_train_steps, end_lr, power=1.0,
+  cycle=False), replaced by init_lr * step / num_warmup_steps while
+  step < num_warmup_steps."""
+  decayed = (init_lr - end_lr) * (1 - min(step, num_train_steps) / num_train_steps) + end_lr
+  if num_warmup_steps and step < num_warmup_steps:
+    return init_lr * step / num_warmup_steps
+  return decayed
+
+
+@pytest.mark.parametrize("total,warmup,end", [(1000, 100, 0.0), (1000, 0, 0.0),
+                                              (640, 64, 1e-6)])
+def test_original_schedule_is_the_original_releases(total, warmup, end):
+  config = optimizer_config(warmup_steps=warmup, schedule="original", end_learning_rate=end)
+  schedule = opt_lib.learning_rate_schedule(config, total, [0, total], [0])
+  for step in list(range(0, total + 1, 7)) + [warmup - 1, warmup, warmup + 1, total]:
+    if step < 0:
+      continue
+    want = original_release_learning_rate(step, config.learning_rate, total, warmup, end)
+    np.testing.assert_allclose(float(schedule(step)), want, rtol=1e-5, atol=1e-12,
+                               err_msg=f"step {step}")
+  # Unlike 'linear', the rate right after warmup is below the peak.
+  if warmup:
+    assert float(schedule(warmup)) < config.learning_rate
+    linear = schedule_for(total, [1.0], warmup)
+    assert float(linear(warmup)) == pytest.approx(config.learning_rate)
+
+
+def test_original_schedule_restarts_per_phase():
+  schedule = schedule_for(1000, [0.9, 0.1], warmup=0, phase_warmups=[100, 10],
+                          per_phase=True, schedule="original")
+  peak = 1e-4
+  expected = {0: 0.0, 50: peak / 2, 100: peak * 0.8 / 0.9, 450: peak / 2,
+              900: 0.0, 905: peak / 2, 910: peak * 0.9, 950: peak / 2, 1000: 0.0}
+  for step, lr in expected.items():
+    np.testing.assert_allclose(float(schedule(step)), lr, rtol=1e-5, atol=1e-12,
+                               err_msg=f"step {step}")
+
+
+def test_unknown_schedule_is_refused():
+  with pytest.raises(ValueError, match="optimizer.schedule"):
+    schedule_for(100, [1.0], 10, schedule="cosine")
 
 
 def test_phase_boundaries_split_total_steps_by_fraction():
@@ -261,6 +308,54 @@ def test_lamb_matches_the_reference_and_spares_biases_and_layer_norm():
                           1e-6, wd, clip, adapted, {k: True for k in adapted})
   assert not np.allclose(everywhere["layer_norm/scale"], expected["layer_norm/scale"],
                          rtol=1e-3)
+
+
+def _unstack(params, num_layers):
+  """A scanned model's parameters in the unrolled model's layout (layer_i)."""
+  params = jax.tree.map(lambda x: x, params)  # A copy to edit.
+  encoder = params["bert"]["encoder"]
+  stacked = encoder.pop("layers")
+  for i in range(num_layers):
+    encoder[f"layer_{i}"] = jax.tree.map(lambda x, i=i: x[i], stacked)
+  return params
+
+
+def test_lamb_trust_ratio_is_per_layer_scanned_or_not():
+  """A scanned encoder's LAMB step equals the unrolled encoder's, layer by layer."""
+  config = BertConfig(**TINY)
+  scanned = jax.eval_shape(lambda: nn.unbox(state_lib.init_params(
+      BertForPreTraining(config), jax.random.key(0))))
+  unrolled = jax.eval_shape(lambda: nn.unbox(state_lib.init_params(
+      BertForPreTraining(config.replace(scan_layers=False)), jax.random.key(0))))
+  rng = np.random.default_rng(7)
+  params = jax.tree.map(lambda x: rng.normal(0, 1, x.shape).astype(np.float32), scanned)
+  # Layer 1 a hundred times smaller than layer 0: one ratio for the stack
+  # would give it a step far out of proportion to its size.
+  params["bert"]["encoder"]["layers"] = jax.tree.map(
+      lambda x: x * np.array([1.0, 0.01], np.float32).reshape((2,) + (1,) * (x.ndim - 1)),
+      params["bert"]["encoder"]["layers"])
+  grads = jax.tree.map(lambda x: rng.normal(0, 1, x.shape).astype(np.float32), scanned)
+  assert jax.tree.structure(_unstack(params, 2)) == jax.tree.structure(unrolled)
+  lr = 1e-2
+  tx = opt_lib.make_optimizer(optimizer_config(name="lamb", learning_rate=lr),
+                              optax.constant_schedule(lr))
+
+  def step(p, g):
+    updates, _ = jax.jit(tx.update)(g, tx.init(p), p)
+    return optax.apply_updates(p, updates)
+
+  from_scanned = by_name(_unstack(step(params, grads), 2))
+  from_unrolled = by_name(step(_unstack(params, 2), _unstack(grads, 2)))
+  assert from_scanned.keys() == from_unrolled.keys()
+  for name, x in from_unrolled.items():
+    np.testing.assert_allclose(from_scanned[name], x, rtol=1e-5, atol=1e-7, err_msg=name)
+  # Each layer's kernel moved by lr x its own norm (the first Adam step is
+  # about sign(g), whatever the gradient's size).
+  before = by_name(_unstack(params, 2))
+  for i in range(2):
+    name = f"bert/encoder/layer_{i}/mlp/intermediate/kernel"
+    ratio = np.linalg.norm(from_scanned[name] - before[name]) / np.linalg.norm(before[name])
+    np.testing.assert_allclose(ratio, lr, rtol=1e-3, err_msg=name)
 
 
 def test_unknown_optimizer_name_is_refused():

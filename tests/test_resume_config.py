@@ -55,10 +55,12 @@ def test_a_change_to_what_the_run_computes_is_refused_naming_each_field(workdir,
 def test_safe_changes_are_logged(workdir, caplog):
   caplog.set_level(logging.WARNING)
   _check(workdir, {"logging.every_steps": 5, "checkpoint.every_steps": 2,
-                   "phases.seq32.eval_files": "/data/eval/*", "mesh.data": 2})
+                   "phases.seq32.eval_files": "/data/eval/*", "mesh.data": 2,
+                   "optimizer.max_nonfinite_in_a_row": 3})
   text = caplog.text
   for line in ("logging.every_steps: 1 -> 5", "checkpoint.every_steps: 3 -> 2",
-               "phases.seq32.eval_files: '' -> '/data/eval/*'", "mesh.data: -1 -> 2"):
+               "phases.seq32.eval_files: '' -> '/data/eval/*'", "mesh.data: -1 -> 2",
+               "optimizer.max_nonfinite_in_a_row: 10 -> 3"):
     assert f"Config change on resume, always allowed: {line}" in text
 
 

@@ -26,9 +26,10 @@ QUERY = "bert/encoder/layers/attention/query/kernel"  # [layers, embed, heads, k
 MLP_IN = "bert/encoder/layers/mlp/intermediate/kernel"  # [layers, embed, mlp]
 NAMED = (WORD, QUERY, MLP_IN)
 
-# The rules table puts vocab, heads and mlp on `tensor` and embed on `fsdp`,
-# whatever the mesh; the per-device shard shapes follow from the axis sizes.
-SPECS = {WORD: ["tensor", "fsdp"], QUERY: [None, "fsdp", "tensor", None],
+# The rules table puts heads and mlp on `tensor` and embed on `fsdp`, the
+# word table's vocab on both (its embed axis on none), whatever the mesh;
+# the per-device shard shapes follow from the axis sizes.
+SPECS = {WORD: [["tensor", "fsdp"], None], QUERY: [None, "fsdp", "tensor", None],
          MLP_IN: [None, "fsdp", "tensor"]}
 MESHES = {
     "data": dict(
@@ -36,10 +37,10 @@ MESHES = {
         shards={WORD: [128, 32], QUERY: [2, 32, 4, 8], MLP_IN: [2, 32, 64]}),
     "fsdp": dict(
         mesh=(1, 8, 1),
-        shards={WORD: [128, 4], QUERY: [2, 4, 4, 8], MLP_IN: [2, 4, 64]}),
+        shards={WORD: [16, 32], QUERY: [2, 4, 4, 8], MLP_IN: [2, 4, 64]}),
     "data_fsdp_tensor": dict(
         mesh=(2, 2, 2),
-        shards={WORD: [64, 16], QUERY: [2, 16, 2, 8], MLP_IN: [2, 16, 32]}),
+        shards={WORD: [32, 32], QUERY: [2, 16, 2, 8], MLP_IN: [2, 16, 32]}),
 }
 
 
@@ -151,5 +152,51 @@ def test_mesh_shape_fills_the_one_minus_one():
     sharding_lib.mesh_shape(mesh(data=2, tensor=2), 8)
 
 
+
+def test_make_mesh_warns_when_it_falls_back_to_the_listed_device_order(monkeypatch, caplog):
+  import logging  # pylint: disable=g-import-not-at-top
+  import types  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from bertjax.train import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+
+  def no_layout(shape, devices, **kwargs):
+    raise NotImplementedError(f"no physical layout for {shape}")
+  monkeypatch.setattr(sharding_lib, "mesh_utils",
+                      types.SimpleNamespace(create_device_mesh=no_layout))
+  caplog.set_level(logging.WARNING)
+  devices = jax.devices()
+  mesh = sharding_lib.make_mesh(ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1)),
+                                devices)
+  assert list(mesh.devices.ravel()) == devices
+  n, kind = len(devices), devices[0].device_kind
+  assert (f"could not lay out the mesh {{'data': {n}, 'fsdp': 1, 'tensor': 1}} over {n} "
+          f"{kind} devices (NotImplementedError: no physical layout for ({n}, 1, 1)); using "
+          "the devices in their listed order instead") in caplog.text
+
+
 if __name__ == "__main__":
   print(json.dumps(_child(json.loads(sys.argv[1]))))
+
+
+def test_a_vocab_the_mesh_does_not_divide_is_refused_naming_vocab_multiple():
+  import jax  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from bertjax.model.bert import BertForPreTraining  # pylint: disable=g-import-not-at-top
+  from bertjax.model.config import BertConfig  # pylint: disable=g-import-not-at-top
+  from bertjax.train import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  from bertjax.train import state as state_lib  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, os.path.join(jax_child.REPO, "configs"))
+  import base  # pylint: disable=g-import-not-at-top
+  mesh_config = ml_collections.ConfigDict(base.get_config().mesh)
+  rules = sharding_lib.rules(mesh_config)
+  mesh = jax.sharding.AbstractMesh((1, 4, 2), sharding_lib.MESH_AXES)
+  config = BertConfig(vocab_size=97, hidden_size=HIDDEN, num_layers=1, num_heads=HEADS,
+                      intermediate_size=MLP, max_position_embeddings=32)
+  with pytest.raises(ValueError, match=r"word_embeddings.*'vocab'.*8 shards.*vocab_multiple"):
+    state_lib.abstract_train_state(BertForPreTraining(config), optax.sgd(0.1), mesh, rules)
+  padded = config.replace(vocab_multiple=8)
+  abstract, _ = state_lib.abstract_train_state(BertForPreTraining(padded), optax.sgd(0.1), mesh,
+                                               rules)
+  assert abstract.params["bert"]["embeddings"]["word_embeddings"]["embedding"].shape[0] == 104

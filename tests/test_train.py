@@ -78,8 +78,9 @@ def _child(payload: dict) -> dict:
     model_config = BertConfig.from_mapping(tiny_config().model)
     hf_files.save_hf_checkpoint(jax.device_get(params), model_config, out)
 
-  # Which phase read from which data step, at which length; an optional NaN
-  # in the batch of one step; optional counters of the batches read.
+  # Which phase read from which data step, at which length; optional NaNs
+  # in the batches of the steps listed in nan_at; optional counters of the
+  # batches read.
   sources = []
   make_source = loop._train_source  # pylint: disable=protected-access
 
@@ -95,7 +96,7 @@ def _child(payload: dict) -> dict:
       for i, batch in enumerate(iterate(start)):
         read[0] += 1
         sources[-1].setdefault("length", int(batch["input_ids"].shape[1]))
-        if phase.start + start + i + 1 == payload.get("nan_at"):
+        if phase.start + start + i + 1 in payload.get("nan_at", []):
           batch = dict(batch, masked_lm_weights=np.full_like(batch["masked_lm_weights"],
                                                              np.nan))
         yield batch
@@ -172,8 +173,8 @@ def run(tmp_path_factory, workdir, returncode=0, **payload):
   return result, log
 
 
-def losses(workdir, newest_only=False) -> dict[int, float]:
-  """train/loss by step from the run's TensorBoard event files."""
+def losses(workdir, newest_only=False, tag="train/loss") -> dict[int, float]:
+  """train/loss (or another scalar) by step from the run's TensorBoard event files."""
   from tensorboardX.proto import event_pb2  # pylint: disable=g-import-not-at-top
   paths = sorted(glob.glob(os.path.join(str(workdir), "tensorboard", "events.*")),
                  key=os.path.getmtime)
@@ -187,7 +188,7 @@ def losses(workdir, newest_only=False) -> dict[int, float]:
       event = event_pb2.Event.FromString(data[i + 12:i + 12 + n])
       i += 12 + n + 4
       for value in event.summary.value:
-        if value.tag == "train/loss":
+        if value.tag == tag:
           out[event.step] = value.simple_value
   return out
 
@@ -269,18 +270,68 @@ def test_init_from_checkpoint_or_hugging_face_directory_starts_at_step_zero(
     assert result["checkpoints"]["1"]["digest"] == weights, name
 
 
-def test_step_metrics_are_read_back_together_and_stop_at_the_first_nonfinite_step():
-  buffer = StepMetrics(max_in_flight=1, on_nonfinite="Resume from DIR.")
+def test_step_metrics_are_read_back_together_and_count_nonfinite_steps_up_to_the_limit():
+  buffer = StepMetrics(max_in_flight=1, on_nonfinite="Resume from DIR.",
+                       max_nonfinite_in_a_row=3)
   ok = lambda loss: {"loss": jax.numpy.float32(loss), "finite": jax.numpy.bool_(True)}
+  bad = {"loss": jax.numpy.float32(np.nan), "finite": jax.numpy.bool_(False)}
   buffer.add(1, ok(2.0))
   buffer.add(2, ok(1.5))
   assert [float(m["loss"]) for m in buffer.take_window()] == [2.0, 1.5]
   assert buffer.take_window() == []
-  buffer.add(3, ok(1.0))
-  buffer.add(4, {"loss": jax.numpy.float32(np.nan), "finite": jax.numpy.bool_(False)})
-  with pytest.raises(NonFiniteError, match=r"at step 4; the state of step 3 is kept .* "
-                                           r"Resume from DIR\."):
+  for step, m in [(3, bad), (4, bad), (5, ok(1.0)), (6, bad), (7, bad)]:
+    buffer.add(step, m)
+  assert len(buffer.take_window()) == 5
+  assert buffer.counts() == {"skipped_steps": 4, "nonfinite_in_a_row": 2}
+  buffer.add(8, bad)
+  with pytest.raises(NonFiniteError, match=(
+      r"in 3 steps in a row, 6-8 \(--config\.optimizer\.max_nonfinite_in_a_row=3\); their "
+      r"updates were skipped, so the parameters are those of step 5\. Resume from DIR\.$")):
     buffer.drain()
+  # Counts resumed from a checkpoint go on; 1 stops at the first non-finite step.
+  buffer = StepMetrics(max_nonfinite_in_a_row=1, skipped=4, in_a_row=0)
+  buffer.add(9, bad)
+  with pytest.raises(NonFiniteError, match=r"parameters at step 9 \(--config\.optimizer\."
+                                           r"max_nonfinite_in_a_row=1\); its update was "
+                                           r"skipped, so the parameters are those of step 8\.$"):
+    buffer.drain()
+  assert buffer.counts() == {"skipped_steps": 5, "nonfinite_in_a_row": 1}
+  # A state whose parameters are not finite is never saved.
+  buffer = StepMetrics(max_nonfinite_in_a_row=10)
+  buffer.add(1, dict(bad, param_norm=jax.numpy.float32(np.inf)))
+  with pytest.raises(NonFiniteError, match=r"parameters at step 1 are not finite \(param_norm "
+                                           r"inf\): not checkpointing them"):
+    buffer.drain_for_save(1)
+
+
+def test_a_nonfinite_step_keeps_the_parameters_and_optimizer_state():
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  params = {"w": jnp.array([1.0, -2.0, 3.0])}
+  # SGD with momentum: its trace is optimizer state that a skipped step must keep.
+  # At a learning rate of 1e38 a gradient of 100 takes the parameters past
+  # float32's range: the loss and gradient are finite, the update is not.
+  tx = optax.sgd(1e38, momentum=0.9)
+  state = state_lib.TrainState(step=jnp.zeros([], jnp.int32), params=params,
+                               opt_state=tx.init(params), apply_fn=None, tx=tx)
+  before = jax.device_get((state.params, state.opt_state))
+  cases = {"loss": (jnp.float32(np.nan), 1.0), "gradient": (jnp.float32(1.0), np.inf),
+           "update": (jnp.float32(1.0), 100.0)}
+  for name, (loss, g) in cases.items():
+    grads = {"w": jnp.full(3, g, jnp.float32)}
+    new_state, metrics = step_lib.apply_gradients(state, grads, {"loss": loss})
+    assert not bool(metrics["finite"]), name
+    assert int(new_state.step) == 1, name
+    jax.tree.map(np.testing.assert_array_equal,
+                 jax.device_get((new_state.params, new_state.opt_state)), before)
+    np.testing.assert_allclose(metrics["param_norm"], np.sqrt(14.0), rtol=1e-6)
+  # A finite step updates both.
+  new_state, metrics = step_lib.apply_gradients(
+      state, {"w": jnp.full(3, 1e-37, jnp.float32)}, {"loss": jnp.float32(1.0)})
+  assert bool(metrics["finite"])
+  np.testing.assert_allclose(new_state.params["w"], [-9.0, -12.0, -7.0], rtol=1e-5)
+  assert any(not np.array_equal(a, b) for a, b in zip(
+      jax.tree.leaves(jax.device_get(new_state.opt_state)), jax.tree.leaves(before[1])))
 
 
 def test_one_process_preemption_guard_takes_a_real_sigterm_and_restores_the_handler():
@@ -329,6 +380,8 @@ BAD_CONFIGS = {
     "data_order": ({"data.order": "random"}, r"--config\.data\.order: 'random' is not one of"),
     "optimizer": ({"optimizer.name": "sgd"}, r"--config\.optimizer\.name: 'sgd'"),
     "mesh": ({"mesh.fsdp": -1}, r"--config\.mesh: at most one"),
+    "nonfinite": ({"optimizer.max_nonfinite_in_a_row": 0},
+                  r"--config\.optimizer\.max_nonfinite_in_a_row: must be at least 1"),
 }
 
 
@@ -360,6 +413,43 @@ def test_batch_must_split_over_data_parallel_devices():
     run_config.validate(config, num_devices=8, process_count=3)
 
 
+def test_splash_attention_is_refused_where_the_tensor_axis_does_not_divide_the_heads():
+  fix = r"set mesh\.tensor to a divisor of 4, or model\.attention_impl='xla'"
+  no_dropout = {"model.attention_dropout_rate": 0.0}
+  splash = dict(no_dropout, **{"model.attention_impl": "splash"})
+  # 4 heads on 8 tensor shards (mesh.tensor -1 takes the 8 devices), on any platform.
+  for platform in ("tpu", "cpu"):
+    with pytest.raises(run_config.ConfigError, match=(
+        r"--config\.model\.num_heads: 4 heads do not split over the mesh\.tensor=8 tensor "
+        r"shards, so splash attention would compute every head on every tensor shard "
+        rf"\(model\.attention_impl='splash'\): {fix}")):
+      run_config.validate(tiny_config(dict(splash, **{"mesh.data": 1, "mesh.tensor": -1})),
+                          num_devices=8, platform=platform)
+  # A fixed mesh.tensor is checked without the device count; heads that split are fine.
+  with pytest.raises(run_config.ConfigError, match=r"mesh\.tensor=3 tensor shards"):
+    run_config.validate(tiny_config(dict(splash, **{"mesh.tensor": 3})))
+  run_config.validate(tiny_config(dict(splash, **{"mesh.data": 4, "mesh.tensor": 2})),
+                      num_devices=8)
+  # auto: refused only where it picks splash, i.e. on TPU (None checks as for TPU) at a
+  # length that is a multiple of 128, in training without attention dropout or in
+  # evaluation.
+  at_128 = {"model.max_position_embeddings": 128, "phases.seq32.max_seq_length": 128,
+            "mesh.data": 1, "mesh.tensor": 8}
+  for overrides in (no_dropout, {"phases.seq32.eval_files": "/data/eval/*"}):
+    config = tiny_config(dict(at_128, **overrides))
+    for platform in ("tpu", None):
+      with pytest.raises(run_config.ConfigError, match=(
+          r"--config\.model\.num_heads: 4 heads do not split over the mesh\.tensor=8 .*"
+          r"model\.attention_impl='auto' picks splash on tpu for (training|evaluation) at "
+          rf"phase seq32's length 128\): {fix}")):
+        run_config.validate(config, num_devices=8, platform=platform)
+    run_config.validate(config, num_devices=8, platform="cpu")
+  # With attention dropout and no eval files, auto never picks splash.
+  run_config.validate(tiny_config(at_128), num_devices=8, platform="tpu")
+  run_config.validate(tiny_config(dict(no_dropout, **{"mesh.data": 1, "mesh.tensor": 8})),
+                      num_devices=8, platform="tpu")  # Lengths 16 and 32: XLA.
+
+
 def test_init_from_a_path_without_weights_is_an_error_naming_the_flag(tmp_path, monkeypatch):
   def compiles(*args, **kwargs):
     raise AssertionError("the run initialised a state before reading init_from")
@@ -376,18 +466,23 @@ if __name__ == "__main__":
   print(json.dumps(_child(json.loads(sys.argv[1]))))
 
 
-def test_profile_steps_write_one_trace_and_mfu_is_logged_every_window(tmp_path):
+def test_profile_steps_write_one_trace_and_mfu_and_hfu_are_logged_every_window(tmp_path):
+  # Unscanned layers and no dropout (whose random bits are loops on CPU): XLA
+  # counts the whole step.
   config = tiny_config({"logging.profile_steps": (2, 2), "logging.peak_tflops": 1.0,
-                        "model.scan_layers": False, "checkpoint.every_steps": 100})
+                        "model.scan_layers": False, "model.hidden_dropout_rate": 0.0,
+                        "model.attention_dropout_rate": 0.0, "checkpoint.every_steps": 100})
   workdir = str(tmp_path / "run")
-  loop.train_and_evaluate(config, workdir)
+  summary = loop.train_and_evaluate(config, workdir)
   traces = glob.glob(os.path.join(workdir, "tensorboard", "plugins", "profile", "*", "*.xplane.pb"))
   assert len(traces) == 1, traces
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  mfu = [v.simple_value for path in glob.glob(os.path.join(workdir, "tensorboard", "events.*"))
-         for e in tf.compat.v1.train.summary_iterator(path) for v in e.summary.value
-         if v.tag == "train/mfu"]
-  assert len(mfu) == TOTAL_STEPS and all(0 < x < 1 for x in mfu)
+  # MFU from the analytic model FLOPs; HFU from XLA's count of the unscanned step,
+  # which has everything the model count has and more (softmax, LayerNorm, the optimizer).
+  mfu, hfu = (losses(workdir, tag=f"train/{name}") for name in ("mfu", "hfu"))
+  assert sorted(mfu) == sorted(hfu) == list(range(1, TOTAL_STEPS + 1))
+  assert all(0 < mfu[s] < hfu[s] < 1 for s in mfu), (mfu, hfu)
+  assert summary["skipped_steps"] == 0 and summary["nonfinite_in_a_row"] == 0
+  assert losses(workdir, tag="train/skipped_steps") == dict.fromkeys(mfu, 0.0)
 
 
 def test_nll_and_hit_match_optax_cross_entropy_and_argmax():

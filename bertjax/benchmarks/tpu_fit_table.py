@@ -7,14 +7,16 @@
 
 For every combination it compiles the train step for the slice on this CPU
 host (bertjax.benchmark.aot_compile) with the attention kernel `auto` picks
-there, and prints one markdown row as soon as it is done: per-chip HBM
-needed per device (a chip, or a TensorCore where the topology lists
-cores), whether it fits, XLA's FLOPs per step against bertjax's
-analytic count as XLA sees the program (scanned layers counted once, Pallas
-kernels not counted) and, with --find_max_batch, the largest per-device
-batch that fits (each search after the first of a config and phase starts
-from the previous one's memory per sequence, which saves compiles, not
-changes answers). Attention dropout is 0 unless --attention_dropout_rate says
+there, and prints one markdown row as soon as it is done: the HBM needed
+per device (one device per chip; a v4 chip's two TensorCores as one
+megacore device, see benchmark.topology_devices) against the HBM the
+compiler lets a program use on that device (benchmark.available_hbm_bytes,
+below the chip's nominal HBM on v4, v5e and v6e), whether it fits, XLA's
+FLOPs per step against bertjax's analytic count as XLA sees the program
+(scanned layers counted once, Pallas kernels not counted) and, with
+--find_max_batch, the largest per-device batch that fits (each search
+after the first of a config and phase starts from the previous one's memory
+per sequence, which saves compiles, not changes answers). Attention dropout is 0 unless --attention_dropout_rate says
 otherwise, so that `auto` may pick the splash kernel.
 """
 
@@ -30,7 +32,8 @@ from bertjax import benchmark
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Cloud TPU slice names (as in --accelerator-type) -> topology names for
-# jax.experimental.topologies. A v4/v5p "-N" counts TensorCores (2 per chip).
+# jax.experimental.topologies. A v4/v5p "-N" counts TensorCores (2 per chip),
+# each chip one device (benchmark.topology_devices).
 SLICES = {
     "v4-8": "v4:2x2x1", "v4-32": "v4:2x2x4",
     "v5e-8": "v5e:2x4", "v5e-32": "v5e:4x8",
@@ -38,8 +41,8 @@ SLICES = {
     "v6e-8": "v6e:2x4", "v6e-32": "v6e:4x8",
 }
 HEADER = ("| config | phase (global batch) | slice | chips (devices) | attention | mesh | "
-          "HBM needed per device | fits | XLA FLOPs/step | analytic as XLA counts | ratio | "
-          "analytic model FLOPs/step | max per-device batch |")
+          "HBM per device: needed of available | fits | XLA FLOPs/step | "
+          "analytic as XLA counts | ratio | analytic model FLOPs/step | max per-device batch |")
 
 
 def load_config(name: str, attention_dropout_rate: float):
@@ -57,7 +60,7 @@ def row(config_name: str, slice_name: str, r: benchmark.AotResult, max_batch) ->
   mesh = " x ".join(f"{k} {v}" for k, v in r.mesh.items() if v > 1) or "1 chip"
   gib = r.total_bytes / 2**30
   fits = {True: "yes", False: "no", None: "?"}[r.fits]
-  hbm = f" of {r.hbm_bytes / 2**30:.0f}" if r.hbm_bytes else ""
+  hbm = f" of {r.hbm_bytes / 2**30:.2f}" if r.hbm_bytes else ""
   xla = r.compiled_flops * r.devices if r.compiled_flops else None
   return (f"| {config_name} | {r.phase} ({r.global_batch_size}) | {slice_name} | "
           f"{r.chips} ({r.devices}) | "

@@ -21,8 +21,8 @@ Classification, ...ForTokenClassification, ...ForMultipleChoice or
 run_classifier.py (output_weights) / run_squad.py (cls/squad/...) names;
 --head and --labels say what the checkpoint's meta does not. Vocab rows
 past model.vocab_size (padding) are not exported. The vocab and
-its casing come from the run's data (run_vocab.py); --vocab_file and
---do_lower_case replace them. Nothing is written when the vocab cannot be
+its casing come from the run's data, or a fine-tuning run's record
+(run_vocab.py); --vocab_file and --do_lower_case replace them. Nothing is written when the vocab cannot be
 found or does not fit the model.
 """
 
@@ -38,6 +38,7 @@ from bertjax.convert import run_vocab
 from bertjax.convert import weights
 from bertjax.model.config import BertConfig
 from bertjax.train import checkpoint as ckpt_lib
+from bertjax.train import usage
 
 FORMATS = ("safetensors", "flax", "tf1")
 _CHECKPOINT = flags.DEFINE_string(
@@ -56,10 +57,11 @@ _LABELS = flags.DEFINE_list(
     "default: as the checkpoint's meta says (`head.labels`), else LABEL_0, LABEL_1, ...")
 _VOCAB_FILE = flags.DEFINE_string(
     "vocab_file", None, "The WordPiece vocab.txt to export; default: the one the run's data "
-    "was created with (found from WORKDIR/config.json and the data's metadata.json).")
+    "was created with (found from WORKDIR/config.json and the data's metadata.json), or "
+    "the one a fine-tuning run's WORKDIR/config.json names.")
 _DO_LOWER_CASE = flags.DEFINE_bool(
     "do_lower_case", None, "Whether the tokenizer lower-cases text; default: as the data's "
-    "metadata.json says.")
+    "metadata.json or a fine-tuning run's WORKDIR/config.json says.")
 
 
 def read_checkpoint(path: str, sharding=None) -> tuple[dict[str, Any], BertConfig, dict]:
@@ -116,4 +118,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  usage.run(main)

@@ -8,8 +8,9 @@ vocab's tokens. The vocab file is looked for in the data directory and the
 two directories above it (data creation's layout, e.g. the demo's
 demo_data/vocab.txt beside demo_data/train_128/) and must hash to
 `vocab_hash`. A run without data of its own (fine-tuning) takes the vocab
-of the weights its record's init_from names: a model directory's vocab.txt
-or another bertjax run's. An explicit vocab file (the export's
+file and casing its record names (vocab_file, do_lower_case), and where the
+record names no vocab file, the vocab of the weights its init_from names: a
+model directory's vocab.txt or another bertjax run's. An explicit vocab file (the export's
 --vocab_file) takes the place of that search; it must still hash to the
 data's vocab_hash when the data is known.
 """
@@ -85,6 +86,27 @@ def _init_from_vocab(checkpoint_dir: str, do_lower_case: Optional[bool],
   return find_vocab(init_from, None, do_lower_case, depth=depth + 1)
 
 
+def _fine_tuning_record(checkpoint_dir: str) -> tuple[str, dict[str, Any]]:
+  """(path, contents) of a fine-tuning run's record (one with `task` and
+  `do_lower_case`; {} for other runs): its `vocab_file` (empty: init_from's
+  vocab.txt) and `do_lower_case` are those the run tokenized its data with."""
+  record, contents = _run_record(checkpoint_dir)
+  if "task" in contents and "do_lower_case" in contents:
+    return record, contents
+  return record, {}
+
+
+def recorded_casing(checkpoint_dir: str) -> Optional[bool]:
+  """Whether the run that wrote `checkpoint_dir` lower-cased its text: as its
+  pretraining data's metadata.json or its fine-tuning record says; None when
+  neither is found."""
+  meta, _ = data_metadata(checkpoint_dir)
+  if meta is not None and meta.tokenizer.get("do_lower_case") is not None:
+    return bool(meta.tokenizer["do_lower_case"])
+  _, contents = _fine_tuning_record(checkpoint_dir)
+  return bool(contents["do_lower_case"]) if contents else None
+
+
 def data_metadata(checkpoint_dir: str) -> tuple[Optional[schema.DatasetMetadata], str]:
   """The metadata.json of the data a checkpoint was trained on, and what was
   looked at (for error messages); (None, ...) when it cannot be found."""
@@ -116,10 +138,18 @@ def find_vocab(checkpoint_dir: str, vocab_file: Optional[str] = None,
 
   `vocab_file` and `do_lower_case` replace what the data's metadata says;
   either is required where the data's metadata cannot be found. A run
-  without pretraining data of its own (fine-tuning) has the vocab of the
-  weights it started from.
+  without pretraining data of its own (fine-tuning) has the vocab file and
+  casing its record names, else the vocab of the weights it started from.
   """
   meta, looked_at = data_metadata(checkpoint_dir)
+  if meta is None:
+    # A fine-tuning run recorded its vocab file and casing.
+    _, recorded = _fine_tuning_record(checkpoint_dir)
+    if recorded and do_lower_case is None:
+      do_lower_case = bool(recorded["do_lower_case"])
+    if (recorded.get("vocab_file") and vocab_file is None
+        and fileio.exists(recorded["vocab_file"])):
+      vocab_file = recorded["vocab_file"]
   if meta is None and vocab_file is None:
     inherited = _init_from_vocab(checkpoint_dir, do_lower_case, depth)
     if inherited is not None:

@@ -10,14 +10,17 @@ many vocab rows as the target has (model.padded_vocab_size: the rows past
 the real vocab are zeros).
 """
 
+import dataclasses
+import json
 import os
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from bertjax.convert import hf
+from bertjax.convert import run_vocab
 from bertjax.model.config import BertConfig
 from bertjax.records import fileio
 from bertjax.train import checkpoint as ckpt_lib
@@ -45,6 +48,67 @@ def checkpoint_config(meta: dict[str, Any], path: str) -> BertConfig:
     raise ValueError(f"{path}: the checkpoint's meta has no `model` entry; it was not "
                      "written by bertjax's training loop")
   return BertConfig.from_mapping(meta["model"])
+
+
+# The original release's checkpoints by directory name and whether their text is
+# lower-cased (its tokenization.validate_case_matches_checkpoint).
+RELEASE_CASING = {
+    "uncased_L-24_H-1024_A-16": True, "uncased_L-12_H-768_A-12": True,
+    "multilingual_L-12_H-768_A-12": True, "chinese_L-12_H-768_A-12": True,
+    "cased_L-12_H-768_A-12": False, "cased_L-24_H-1024_A-16": False,
+    "multi_cased_L-12_H-768_A-12": False}
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSettings:
+  """What a checkpoint says of the model it holds."""
+  model: dict[str, int]  # ARCHITECTURE_FIELDS, as the checkpoint's config has them.
+  do_lower_case: Optional[bool]  # None: the checkpoint does not say.
+  casing_source: str  # Where do_lower_case was read (for messages).
+
+
+def _tokenizer_casing(directory: str) -> tuple[Optional[bool], str]:
+  path = os.path.join(directory, run_vocab.TOKENIZER_CONFIG_NAME)
+  if fileio.exists(path):
+    value = json.loads(fileio.read_text(path)).get("do_lower_case")
+    if value is not None:
+      return bool(value), path
+  return None, ""
+
+
+def checkpoint_settings(path: str) -> CheckpointSettings:
+  """The architecture and casing of the weights at `path` (a bertjax checkpoint,
+  a Hugging Face directory or a TF1 directory, as load_weights reads them).
+
+  The architecture comes from the bertjax checkpoint's meta, config.json or
+  bert_config.json. The casing from a bertjax run's data metadata or
+  fine-tuning record, tokenizer_config.json's do_lower_case, or a TF1
+  directory named as one of the original release's checkpoints (RELEASE_CASING).
+  """
+  if is_bertjax_checkpoint(path):
+    config = checkpoint_config(ckpt_lib.read_meta(path), path)
+    lower = run_vocab.recorded_casing(path)
+    source = f"the data or run record of the run that wrote {path}"
+  else:
+    from bertjax.convert import tf1  # pylint: disable=g-import-not-at-top
+    if tf1.is_tf1_checkpoint(path):
+      directory = os.path.dirname(tf1._prefix(path))  # pylint: disable=protected-access
+      config_path = os.path.join(directory, tf1.CONFIG_NAME)
+    else:
+      directory, config_path = path, os.path.join(path, hf.CONFIG_NAME)
+    if not fileio.exists(config_path):
+      raise ValueError(f"--config.init_from={path}: no {os.path.basename(config_path)} "
+                       "with the model's architecture there")
+    try:
+      config = hf.hf_config_to_bertjax(json.loads(fileio.read_text(config_path)))
+    except (ValueError, TypeError) as e:
+      raise ValueError(f"{config_path}: {e}") from None
+    lower, source = _tokenizer_casing(directory)
+    name = os.path.basename(os.path.normpath(directory))
+    if lower is None and name in RELEASE_CASING:
+      lower, source = RELEASE_CASING[name], f"the original release's {name}"
+  return CheckpointSettings({f: getattr(config, f) for f in ARCHITECTURE_FIELDS}, lower,
+                            source)
 
 
 def read_checkpoint_params(path: str, sharding=None) -> Any:

@@ -128,10 +128,13 @@ def probabilities_times_values(logits_BxNxLxS, v_BxSxNxH, mask_BxS, keep_BxNxLxS
   """softmax(logits over the keys where mask_BxS) in fp32, dropped out where
   keep is False (None: no dropout), times v.
 
-  The backward pass keeps the probabilities, the keep-mask and the padding
-  mask and forms the dropped probabilities again; autodiff of the same
-  steps keeps four [B, N, L, S] arrays with dropout and three without
-  (with scanned layers, stacked residuals of every layer).
+  The backward pass keeps the probabilities (in v's dtype, the compute
+  dtype: bf16 in the shipped configs, where the forward's softmax is fp32),
+  the keep-mask and the padding mask, and forms the dropped probabilities
+  again; the softmax's backward runs in fp32 from the kept probabilities.
+  Autodiff of the same steps keeps four [B, N, L, S] arrays with dropout
+  and three without, the probabilities in fp32 (with scanned layers,
+  stacked residuals of every layer).
   """
   return _probabilities_times_values_fwd(logits_BxNxLxS, v_BxSxNxH, mask_BxS, keep_BxNxLxS,
                                          rate)[0]
@@ -150,12 +153,15 @@ def _probabilities_times_values_fwd(logits_BxNxLxS, v_BxSxNxH, mask_BxS, keep_Bx
   probs_BxNxLxS = jax.nn.softmax(logits_BxNxLxS, axis=-1)
   dropped = _dropped(probs_BxNxLxS, keep_BxNxLxS, rate).astype(v_BxSxNxH.dtype)
   out_BxLxNxH = jnp.einsum("bnls,bsnh->blnh", dropped, v_BxSxNxH)
-  return out_BxLxNxH, (probs_BxNxLxS, v_BxSxNxH, mask_BxS, keep_BxNxLxS)
+  # Kept in the compute dtype (v's): half the bytes of fp32 under bf16.
+  kept_BxNxLxS = probs_BxNxLxS.astype(v_BxSxNxH.dtype)
+  return out_BxLxNxH, (kept_BxNxLxS, v_BxSxNxH, mask_BxS, keep_BxNxLxS)
 
 
 def _probabilities_times_values_bwd(rate, residuals, g_BxLxNxH):
-  probs_BxNxLxS, v_BxSxNxH, mask_BxS, keep_BxNxLxS = residuals
-  dropped = _dropped(probs_BxNxLxS, keep_BxNxLxS, rate).astype(v_BxSxNxH.dtype)
+  kept_BxNxLxS, v_BxSxNxH, mask_BxS, keep_BxNxLxS = residuals
+  probs_BxNxLxS = kept_BxNxLxS.astype(jnp.float32)
+  dropped = _dropped(kept_BxNxLxS, keep_BxNxLxS, rate)
   dv_BxSxNxH = jnp.einsum("bnls,blnh->bsnh", dropped, g_BxLxNxH.astype(v_BxSxNxH.dtype))
   d_dropped = jnp.einsum("blnh,bsnh->bnls", g_BxLxNxH, v_BxSxNxH,
                          preferred_element_type=jnp.float32)

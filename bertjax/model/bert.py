@@ -13,10 +13,6 @@ import jax.numpy as jnp
 from bertjax.model.config import BertConfig
 from bertjax.model.layers import Embeddings, Encoder, dense, gelu, layer_norm
 
-# The masked positions' hidden states: split over the batch like the
-# encoder's activations, whole along the hidden axis.
-BATCH_PREDICTIONS_EMBED = ("activation_batch", None, "activation_embed")
-
 
 def attention_mask(input_mask_BxL):
   """[B, L] 0/1 padding mask -> boolean mask of the real tokens [B, L]."""
@@ -46,9 +42,10 @@ class BertModel(nn.Module):
 class MaskedLMHead(nn.Module):
   """Dense + GELU + LayerNorm, then the tied decoder plus a per-token bias.
 
-  The decoder multiplies by the whole padded word table (MXU-aligned) and
-  the padded columns are cut off, so the logits have vocab_size columns and
-  padding never enters the softmax.
+  The decoder multiplies by the whole padded word table (MXU-aligned):
+  the logits have padded_vocab_size columns, those past vocab_size at the
+  most negative float, so padding never wins an argmax nor takes softmax
+  mass (layers.tied_logits).
   """
   config: BertConfig
 
@@ -58,24 +55,19 @@ class MaskedLMHead(nn.Module):
     h = dense(c, c.hidden_size, ("embed", "hidden"), "transform")(x_BxPxD)
     h = gelu(h)
     h = layer_norm(c, "transform_layer_norm")(h)
-    # Without this constraint the partitioner may lay h out along the word
-    # table's embed sharding (fsdp) while the batch is split over fsdp too;
-    # XLA then computes wrong decoder gradients on data x fsdp x tensor
-    # meshes (jax 0.10.2), so the layout is fixed here.
-    h = nn.with_logical_constraint(h, BATCH_PREDICTIONS_EMBED)
     bias_V = self.param(
         "output_bias",
         nn.with_logical_partitioning(nn.initializers.zeros_init(), ("vocab",)),
         (c.padded_vocab_size,), c.params_dtype)
-    logits_BxPxV = embeddings.attend(h, bias_V)
-    return logits_BxPxV[..., :c.vocab_size]
+    return embeddings.attend(h, bias_V)
 
 
 class BertForPreTraining(nn.Module):
   """BERT with the masked-LM and next-sentence heads.
 
   Returns a dict: sequence_output [B, L, D], pooled_output [B, D],
-  mlm_logits [B, P, V] (fp32, at masked_lm_positions) and nsp_logits [B, 2]
+  mlm_logits [B, P, padded V] (fp32, at masked_lm_positions; columns past
+  vocab_size hold the most negative float) and nsp_logits [B, 2]
   (fp32; class 0 = actual next sentence, 1 = random). With
   sequence_output=False (what the train and eval steps use) the last layer
   computes only [CLS] and the masked positions, the rest of its work being

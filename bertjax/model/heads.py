@@ -8,7 +8,9 @@ weights drop in) and one dense head; kernels are [in, out]:
   BertForMultipleChoice          classifier [D, 1] on each choice's pooled output
   BertForQuestionAnswering       qa_outputs [D, 2] on every token (start, end)
 Dropout (the encoder's hidden_dropout_rate) precedes the classifiers; the
-question-answering head has none, as in the original run_squad. Logits are fp32.
+question-answering head has none, as in the original run_squad. Logits are fp32:
+the final projection casts its input to fp32 and keeps an fp32 kernel and bias,
+whatever the encoder's compute and parameter dtypes.
 """
 
 import flax.linen as nn
@@ -18,6 +20,14 @@ from bertjax.model.bert import BertModel
 from bertjax.model.config import BertConfig
 from bertjax.model.dropout import Dropout
 from bertjax.model.layers import dense
+
+
+def _fp32_dense(config: BertConfig, features: int, axes, name: str):
+  """The head's final projection: fp32 input, kernel, bias and output."""
+  # attention_impl is unused by a Dense; "xla" keeps the fp32 config valid
+  # where the encoder's fused attention needs a 16-bit dtype.
+  fp32 = config.replace(dtype="float32", param_dtype="float32", attention_impl="xla")
+  return dense(fp32, features, axes, name)
 
 
 class BertForSequenceClassification(nn.Module):
@@ -31,7 +41,7 @@ class BertForSequenceClassification(nn.Module):
     _, pooled_BxD = BertModel(c, name="bert")(input_ids, input_mask, segment_ids,
                                               deterministic)
     pooled_BxD = Dropout(c.hidden_dropout_rate)(pooled_BxD, deterministic=deterministic)
-    logits = dense(c, self.num_labels, ("hidden", "classes"), "classifier")(pooled_BxD)
+    logits = _fp32_dense(c, self.num_labels, ("hidden", "classes"), "classifier")(pooled_BxD)
     return logits.astype(jnp.float32)
 
 
@@ -46,7 +56,7 @@ class BertForTokenClassification(nn.Module):
     seq_BxLxD, _ = BertModel(c, name="bert")(input_ids, input_mask, segment_ids,
                                              deterministic)
     seq_BxLxD = Dropout(c.hidden_dropout_rate)(seq_BxLxD, deterministic=deterministic)
-    logits = dense(c, self.num_labels, ("embed", "classes"), "classifier")(seq_BxLxD)
+    logits = _fp32_dense(c, self.num_labels, ("embed", "classes"), "classifier")(seq_BxLxD)
     return logits.astype(jnp.float32)
 
 
@@ -62,7 +72,7 @@ class BertForMultipleChoice(nn.Module):
     _, pooled_BCxD = BertModel(c, name="bert")(
         flat(input_ids), flat(input_mask), flat(segment_ids), deterministic)
     pooled_BCxD = Dropout(c.hidden_dropout_rate)(pooled_BCxD, deterministic=deterministic)
-    scores_BCx1 = dense(c, 1, ("hidden", "classes"), "classifier")(pooled_BCxD)
+    scores_BCx1 = _fp32_dense(c, 1, ("hidden", "classes"), "classifier")(pooled_BCxD)
     return scores_BCx1.astype(jnp.float32).reshape(batch, choices)
 
 
@@ -75,6 +85,6 @@ class BertForQuestionAnswering(nn.Module):
     c = self.config
     seq_BxLxD, _ = BertModel(c, name="bert")(input_ids, input_mask, segment_ids,
                                              deterministic)
-    logits_BxLx2 = dense(c, 2, ("embed", "classes"), "qa_outputs")(seq_BxLxD)
+    logits_BxLx2 = _fp32_dense(c, 2, ("embed", "classes"), "qa_outputs")(seq_BxLxD)
     logits_BxLx2 = logits_BxLx2.astype(jnp.float32)
     return logits_BxLx2[..., 0], logits_BxLx2[..., 1]

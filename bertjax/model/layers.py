@@ -21,6 +21,12 @@ from bertjax.model.config import BertConfig
 from bertjax.model.dropout import Dropout
 
 BATCH_LENGTH_EMBED = ("activation_batch", "activation_length", "activation_embed")
+# The word table's logical axes: its embed axis has a name of its own so that
+# the rules can keep it off the batch's mesh axes (see tied_logits).
+WORD_TABLE_AXES = ("vocab", "vocab_embed")
+# Rows projected onto the table: split over the batch, whole along the hidden axis.
+BATCH_PREDICTIONS_EMBED = ("activation_batch", None, "activation_embed")
+PADDED_LOGIT = float(jnp.finfo(jnp.float32).min)
 
 
 def kernel_init(config: BertConfig, axes: tuple[str | None, ...]) -> Callable:
@@ -159,7 +165,7 @@ class Embeddings(nn.Module):
     init = lambda axes: kernel_init(c, axes)
     self.word_embeddings = nn.Embed(
         c.padded_vocab_size, c.hidden_size, dtype=c.compute_dtype,
-        param_dtype=c.params_dtype, embedding_init=init(("vocab", "embed")))
+        param_dtype=c.params_dtype, embedding_init=init(WORD_TABLE_AXES))
     self.position_embeddings = nn.Embed(
         c.max_position_embeddings, c.hidden_size, dtype=c.compute_dtype,
         param_dtype=c.params_dtype, embedding_init=init(("position", "embed")))
@@ -183,20 +189,65 @@ class Embeddings(nn.Module):
     return nn.with_logical_constraint(x_BxLxD, BATCH_LENGTH_EMBED)
 
   def attend(self, x_BxPxD, bias_V):
-    """Logits against the (padded) word table plus a bias (the tied MLM decoder), in fp32."""
-    return tied_decoder(x_BxPxD, self.word_embeddings.embedding, bias_V,
-                        jnp.dtype(self.config.compute_dtype))
+    """Logits [B, P, padded vocab] in fp32 against the word table plus a bias
+    (the tied MLM decoder), padded columns at the most negative float."""
+    return tied_logits(x_BxPxD, self.word_embeddings.embedding, bias_V, self.config)
+
+
+def tied_logits(x_BxPxD, table_VxD, bias_V, config: BertConfig):
+  """The one way onto the word table: x . table^T + bias in fp32, [B, P, padded vocab].
+
+  Every head that projects onto the word table goes through here. XLA
+  (jax 0.10.2, CPU) computes wrong gradients, about 100% off, for the
+  weights before such a projection when the table is laid out [tensor,
+  fsdp] and the batch is split over (data, fsdp); tests/test_sharding.py
+  keeps a plain-JAX reproduction. So the table's embed axis has its own
+  logical name, 'vocab_embed', this function refuses rules that map it onto
+  any mesh axis that splits the batch (a wider fence than the layout seen
+  to fail), and it fixes x's layout before the product.
+
+  Columns past config.vocab_size (the table's padding to vocab_multiple)
+  are set to the most negative float instead of being cut off, so a
+  tensor-split vocab axis keeps its shards; softmax, cross entropy and
+  argmax over the padded row equal those over the first vocab_size
+  columns.
+  """
+  _check_table_layout()
+  x_BxPxD = nn.with_logical_constraint(x_BxPxD, BATCH_PREDICTIONS_EMBED)
+  logits_BxPxV = tied_decoder(x_BxPxD, table_VxD, bias_V, config.compute_dtype)
+  if table_VxD.shape[0] == config.vocab_size:
+    return logits_BxPxV
+  column = jax.lax.broadcasted_iota(jnp.int32, logits_BxPxV.shape, logits_BxPxV.ndim - 1)
+  return jnp.where(column < config.vocab_size, logits_BxPxV, PADDED_LOGIT)
+
+
+def _check_table_layout():
+  table_axes = _mesh_axes(nn.logical_to_mesh_axes(("vocab_embed",))[0])
+  batch_axes = _mesh_axes(nn.logical_to_mesh_axes(("activation_batch",))[0])
+  shared = sorted(table_axes & batch_axes)
+  if shared:
+    raise ValueError(
+        f"config.mesh.rules: 'vocab_embed' (the word table's embed axis) maps to mesh "
+        f"axes {shared} that also split the batch ('activation_batch'); XLA computes "
+        "wrong gradients of the layers before the tied decoder with that layout. "
+        "Map 'vocab_embed' to None (or to mesh axes the batch does not use).")
+
+
+def _mesh_axes(spec) -> set:
+  if spec is None:
+    return set()
+  return {spec} if isinstance(spec, str) else set(spec)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def tied_decoder(x_BxPxD, table_VxD, bias_V, compute_dtype):
   """x . table^T + bias in fp32: the masked-LM decoder on the word table.
 
-  The gradient is written out (custom_vjp) as three plain matmuls, with the
-  table's gradient formed as [D, V] and transposed and the bias's as a
-  ones-vector product. The values are autodiff's (up to float summation
-  order); XLA's CPU backend ran this form faster than the transposes and
-  column sum autodiff emits, and the other backends see the same matmuls.
+  The gradient is written out (custom_vjp): two plain matmuls, with the
+  table's gradient formed as [D, V] and transposed, and the bias's a sum
+  over the rows in fp32. The values are autodiff's (up to float summation
+  order); XLA's CPU backend ran this form faster than the transposes autodiff
+  emits, and the other backends see the same matmuls.
   """
   return _decode(x_BxPxD, table_VxD, bias_V, compute_dtype)
 
@@ -220,9 +271,11 @@ def _decode_bwd(compute_dtype, residuals, g_BxPxV):
   dx_NxD = jnp.matmul(g_c, table_VxD.astype(compute_dtype), preferred_element_type=jnp.float32)
   dtable_DxV = jnp.matmul(x_NxD.astype(compute_dtype).T, g_c,
                           preferred_element_type=jnp.float32)
-  dbias_1xV = jnp.matmul(jnp.ones((1, g_NxV.shape[0]), g_NxV.dtype), g_NxV)
+  # A sum, not a ones-vector matmul: matmuls of fp32 run at bf16 (TPU) or
+  # TF32 (GPU) by default, sums stay fp32.
+  dbias_V = jnp.sum(g_NxV.astype(jnp.float32), axis=0)
   return (dx_NxD.reshape(x_BxPxD.shape).astype(x_BxPxD.dtype),
-          dtable_DxV.T.astype(table_VxD.dtype), dbias_1xV[0].astype(bias_V.dtype))
+          dtable_DxV.T.astype(table_VxD.dtype), dbias_V.astype(bias_V.dtype))
 
 
 tied_decoder.defvjp(_decode_fwd, _decode_bwd)
@@ -307,7 +360,8 @@ class Encoder(nn.Module):
   """The stack of layers, scanned (params stacked on a 'layers' axis) or unrolled.
 
   With `positions_BxQ` the last layer runs only at those positions and the
-  encoder returns [B, Q, D] (the parameters are the same either way).
+  encoder returns [B, Q, D] (the parameters are the same either way). The
+  scanned stack is created by nn.scan and run by run_stack.
   """
   config: BertConfig
 
@@ -320,18 +374,16 @@ class Encoder(nn.Module):
         last = positions_BxQ if i == c.num_layers - 1 else None
         x_BxLxD, _ = layer_cls(c, deterministic, name=f"layer_{i}")(x_BxLxD, mask_BxL, last)
       return x_BxLxD
-    if positions_BxQ is None or self.is_initializing():
-      # (Initialisation creates the stacked parameters through the plain scan.)
+    if self.is_initializing():
+      # Initialisation creates the stacked parameters through nn.scan.
       stack = _scan(layer_cls, c.num_layers)(c, deterministic, name="layers")
       x_BxLxD = stack(x_BxLxD, mask_BxL, None)[0]
       if positions_BxQ is None:
         return x_BxLxD
       return jnp.take_along_axis(x_BxLxD, positions_BxQ[..., None].astype(jnp.int32), axis=1)
-    # The same stacked 'layers' parameters, seen as a scan over the first L-1
-    # layers ('body', none when L = 1) and the last layer alone ('top').
-    split = nn.map_variables(_ScanThenTop, "params",
-                             trans_in_fn=functools.partial(_split_top, c.num_layers))
-    return split(c, deterministic, name="layers")(x_BxLxD, mask_BxL, positions_BxQ)
+    rng = None if deterministic else self.make_rng("dropout")
+    stacked = nn.unbox(self.variables["params"]["layers"])
+    return run_stack(c, deterministic, stacked, x_BxLxD, mask_BxL, positions_BxQ, rng)
 
 
 def _layer_class(c: BertConfig):
@@ -348,37 +400,57 @@ def _scan(layer_cls, length: int):
       metadata_params={nn.PARTITION_NAME: "layers"})
 
 
-class _ScanThenTop(nn.Module):
-  """Layers 0..L-2 scanned over all positions, then layer L-1 at some positions."""
-  config: BertConfig
-  deterministic: bool
+def _parameters_recomputed(policy, stacked):
+  """`policy`, except that values computed from parameters alone are not kept.
 
-  @nn.compact
-  def __call__(self, x_BxLxD, mask_BxL, positions_BxQ):
-    c = self.config
-    layer_cls = _layer_class(c)
-    if c.num_layers > 1:
-      x_BxLxD, _ = _scan(layer_cls, c.num_layers - 1)(c, self.deterministic, name="body")(
-          x_BxLxD, mask_BxL, None)
-    x_BxQxD, _ = layer_cls(c, self.deterministic, name="top")(x_BxLxD, mask_BxL, positions_BxQ)
-    return x_BxQxD
+  An operation whose inputs all have the shape of a stacked parameter, of
+  one layer's slice of it, or no shape (the layer index) is recomputed in
+  the backward pass: that covers reading a layer out of the stack and any
+  reshape or cast of the slice. (A same-shaped activation would only be
+  recomputed too, never computed wrongly.)
+  """
+  shapes = set()
+  for a in jax.tree.leaves(stacked):
+    shapes.update((tuple(a.shape), tuple(a.shape[1:]), (1,) + tuple(a.shape[1:])))
+
+  def saveable(prim, *avals, **params):
+    if all(tuple(a.shape) in shapes or not a.shape for a in avals):
+      return False
+    return policy(prim, *avals, **params)
+  return saveable
 
 
-def _map_leaves(fn, tree):
-  return jax.tree.map(fn, tree, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
+def run_stack(c: BertConfig, deterministic: bool, stacked, x_BxLxD, mask_BxL,
+              positions_BxQ, rng):
+  """The scanned encoder's layers over stacked parameters ([L, ...] each).
 
+  Without positions every layer runs at every position, a loop over the
+  stack. With `positions_BxQ`, layers 0..L-2 run in a loop over all
+  positions and layer L-1 only at those positions ([B, Q, D] out): that
+  loop reads layer i out of the whole stack by index, and the backward pass
+  recomputes the read instead of keeping it, so no copy of the stack
+  ([:L-1] would be one) is made in either direction. Layer i draws its
+  dropout from fold_in(rng, i) either way.
+  """
+  layer = TransformerLayer(c, deterministic, parent=None)
+  policy = REMAT.get(c.remat_policy, jax.checkpoint_policies.everything_saveable)
 
-def _split_top(num_layers: int, variables):
-  """Stacked [L, ...] parameters -> {'body': [:L-1], 'top': [L-1]}."""
-  def part(index, drop_axis):
-    def fn(x):
-      if isinstance(x, nn.Partitioned):
-        names = x.names[1:] if drop_axis else x.names
-        return x.replace_boxed(x.value[index]).replace(names=names)
-      return x[index]
-    return fn
-  params = variables["params"]
-  split = {"top": _map_leaves(part(-1, True), params)}
-  if num_layers > 1:
-    split["body"] = _map_leaves(part(slice(0, -1), False), params)
-  return {"params": split}
+  def run_layer(params, x_BxLxD, i, positions=None):
+    rngs = None if rng is None else {"dropout": jax.random.fold_in(rng, i)}
+    return layer.apply({"params": params}, x_BxLxD, mask_BxL, positions, rngs=rngs)[0]
+
+  if positions_BxQ is None:
+    step = (run_layer if c.remat_policy == "none"
+            else jax.checkpoint(run_layer, policy=policy, prevent_cse=False))
+    return jax.lax.scan(lambda x, params_i: (step(params_i[0], x, params_i[1]), None),
+                        x_BxLxD, (stacked, jnp.arange(c.num_layers)))[0]
+
+  @functools.partial(jax.checkpoint, policy=_parameters_recomputed(policy, stacked),
+                     static_argnums=(3,))
+  def layer_of_stack(stacked, x_BxLxD, i, at_positions: bool):
+    params = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), stacked)
+    return run_layer(params, x_BxLxD, i, positions_BxQ if at_positions else None)
+
+  x_BxLxD = jax.lax.scan(lambda x, i: (layer_of_stack(stacked, x, i, False), None),
+                         x_BxLxD, jnp.arange(c.num_layers - 1))[0]
+  return layer_of_stack(stacked, x_BxLxD, c.num_layers - 1, True)

@@ -43,8 +43,17 @@ class GlueTask:
     return "classification" if self.labels else "regression"
 
   @property
+  def text_columns(self) -> int:
+    """Columns a row needs to hold its texts."""
+    return max(self.text_a, self.text_b or 0) + 1
+
+  @property
   def min_columns(self) -> int:
-    return max(c if c >= 0 else -c - 1 for c in (self.text_a, self.text_b or 0, self.label)) + 1
+    """Columns a row needs to hold its texts and its label (a negative label
+    column counts from the end, after the texts)."""
+    if self.label >= 0:
+      return max(self.text_columns, self.label + 1)
+    return self.text_columns - self.label
 
 
 _DEV = {"dev": ("dev.tsv", "validation")}
@@ -84,7 +93,8 @@ class Rows:
 
 
 def read_tsv(task: GlueTask, path: str) -> Rows:
-  """The rows of a GLUE TSV; rows with too few columns are skipped and counted."""
+  """The rows of a GLUE TSV. Rows too short to hold their texts are skipped and
+  counted; a row that holds its texts but not its label is refused."""
   text = fileio.read_text(path)
   reader = csv.reader(io.StringIO(text), delimiter="\t", quotechar=None)
   rows = Rows([], [] if task.text_b is not None else None, [], [])
@@ -92,9 +102,13 @@ def read_tsv(task: GlueTask, path: str) -> Rows:
   for line_no, line in enumerate(reader, start=1):
     if task.header and line_no == 1:
       continue
-    if len(line) < task.min_columns:
+    if len(line) < task.text_columns:
       skipped.append(line_no)
       continue
+    if len(line) < task.min_columns:
+      raise ValueError(f"{path}:{line_no}: {len(line)} columns, but task {task.name}'s "
+                       f"rows have their label after the texts ({task.min_columns} "
+                       "columns or more); check the file's layout")
     rows.text_a.append(line[task.text_a])
     if rows.text_b is not None:
       rows.text_b.append(line[task.text_b])
@@ -102,7 +116,7 @@ def read_tsv(task: GlueTask, path: str) -> Rows:
     rows.where.append(f"{path}:{line_no}")
   if skipped:
     logging.warning("%s: skipped %d lines with fewer than %d columns (first: line %d).",
-                    path, len(skipped), task.min_columns, skipped[0])
+                    path, len(skipped), task.text_columns, skipped[0])
   return rows
 
 

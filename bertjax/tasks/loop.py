@@ -14,6 +14,7 @@ task head is freshly initialised.
 
 import dataclasses
 import json
+import math
 import os
 import time
 from typing import Any, Callable, Optional
@@ -38,7 +39,7 @@ from bertjax.train import optimizer as opt_lib
 from bertjax.train import run_record
 from bertjax.train import sharding as sharding_lib
 from bertjax.train import state as state_lib
-from bertjax.train.logger import MetricLogger, quiet_library_logs
+from bertjax.train.logger import MetricLogger, quiet_library_logs, window_means
 from bertjax.train.step_metrics import StepMetrics
 
 # (path, abstract encoder params, model config) -> BertModel's params, e.g.
@@ -177,8 +178,8 @@ def finetune_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                                        async_save=config.checkpoint.async_save)
   logger = None
   try:
-    state, shardings, _ = _initial_state(config, prepared, model, tx, mesh, rules,
-                                         checkpointer, init, weights_loader)
+    state, shardings, resumed = _initial_state(config, prepared, model, tx, mesh, rules,
+                                               checkpointer, init, weights_loader)
     logger = MetricLogger(workdir, prepared.model_config, num_steps)
     p_train, p_predict = step_lib.jit_steps(shardings, mesh, task.kind)
     sharding = sharding_lib.batch_sharding(mesh)
@@ -192,9 +193,14 @@ def finetune_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       record["model"] = meta["model"]
       run_record.write(workdir, record)
     step = int(jax.device_get(state.step))
-    # A non-finite step stops the run before anything after it is saved.
-    step_metrics = StepMetrics(on_nonfinite="Lower --config.optimizer.learning_rate or "
-                               "check the data.")
+    # Non-finite steps are skipped and counted (the counts go on from the
+    # checkpoint resumed from); optimizer.max_nonfinite_in_a_row of them in a
+    # row stop the run, and non-finite parameters are never saved.
+    counts = (resumed or {}).get("nonfinite", {})
+    step_metrics = StepMetrics(
+        on_nonfinite="Lower --config.optimizer.learning_rate or check the data.",
+        max_nonfinite_in_a_row=config.optimizer.max_nonfinite_in_a_row,
+        skipped=counts.get("skipped_steps", 0), in_a_row=counts.get("nonfinite_in_a_row", 0))
     with sharding_lib.mesh_context(mesh, rules):
       t0 = time.perf_counter()
       for batch in batches_lib.train_batches(train.arrays, config.global_batch_size,
@@ -204,13 +210,13 @@ def finetune_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
         step += 1
         step_metrics.add(step, metrics)
         if step % config.logging.every_steps == 0 or step == num_steps:
-          _log_window(logger, step_metrics.take_window(), step, num_steps, schedule, t0)
+          _log_window(logger, step_metrics, step, num_steps, schedule, t0)
           t0 = time.perf_counter()
         if step % config.checkpoint.every_steps == 0 and step < num_steps:
-          step_metrics.drain()
-          checkpointer.save(state, meta)
-      step_metrics.drain()
-      checkpointer.save(state, meta)
+          step_metrics.drain_for_save(step)
+          checkpointer.save(state, dict(meta, nonfinite=step_metrics.counts()))
+      step_metrics.drain_for_save(step)
+      checkpointer.save(state, dict(meta, nonfinite=step_metrics.counts()))
       dev = evaluate(p_predict, state, prepared.dev, config.eval_batch_size, sharding,
                      workdir)
     for name, m in dev.items():
@@ -223,17 +229,22 @@ def finetune_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   results = {"task": task.name, "steps": num_steps, "seed": config.seed,
              "learning_rate": config.optimizer.learning_rate,
              "init_from": config.init_from, "num_train_examples": len(train),
-             "primary_metric": task.primary, "dev": dev}
+             "primary_metric": task.primary, "dev": dev, **step_metrics.counts()}
   if jax.process_index() == 0:
     fileio.write_text(results_path, json.dumps(results, indent=2, sort_keys=True))
   return results
 
 
-def _log_window(logger, host, step, num_steps, schedule, t0):
-  """Averages a window of host metrics, prints them and writes them to TensorBoard."""
-  m = {k: float(np.mean([x[k] for x in host])) for k in host[0] if k != "finite"}
-  m["learning_rate"] = float(schedule(step - 1))
+def _log_window(logger, step_metrics: StepMetrics, step, num_steps, schedule, t0):
+  """Averages a window of host metrics, prints them and writes them to TensorBoard,
+  with the counts of skipped (non-finite) steps."""
+  host = step_metrics.take_window()  # Reads back and counts the skipped steps first.
+  m = window_means(host)
+  # The learning rate of the latest applied update: skipped steps leave the
+  # schedule's count (in the optimizer state) as it was.
+  m["learning_rate"] = float(schedule(max(step - step_metrics.skipped - 1, 0)))
   m["steps_per_second"] = len(host) / max(time.perf_counter() - t0, 1e-9)
+  m.update(step_metrics.counts())
   logging.info("step %d/%d %s", step, num_steps,
                "  ".join(f"{k} {v:.4g}" for k, v in sorted(m.items())))
   logger.write(step, m, prefix="train")
@@ -260,7 +271,8 @@ def sweep(config: ml_collections.ConfigDict, workdir: str,
       result = finetune_and_evaluate(run_config, run_dir, weights_loader, prepared)
       runs.append({"learning_rate": float(lr), "seed": int(seed), "workdir": run_dir,
                    "score": primary_score(prepared.task, result), "dev": result["dev"]})
-  best = max(runs, key=lambda r: r["score"])
+  # A NaN score (a diverged run) ranks below every number.
+  best = max(runs, key=lambda r: -math.inf if math.isnan(r["score"]) else r["score"])
   summary = {"task": prepared.task.name, "primary_metric": prepared.task.primary,
              "primary_split": prepared.task.dev_splits[0], "best": best, "runs": runs}
   logging.info("Sweep best: %s %.4f at learning rate %g, seed %d.", prepared.task.primary,

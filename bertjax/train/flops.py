@@ -34,7 +34,9 @@ PEAK_TFLOPS = (
 )
 
 
-# HBM per chip in GiB, matched the same way.
+# Nominal HBM per chip in GiB, matched the same way. What the TPU compiler lets
+# a program use differs (15.75 GiB on a v5e chip); the fit checks use that
+# figure (bertjax.benchmark.available_hbm_bytes), not this table.
 HBM_GIB = (
     ("TPU v6 lite", 32.0),
     ("TPU v6e", 32.0),
@@ -57,7 +59,7 @@ def _lookup(table, device_kind: str) -> float | None:
 
 
 def hbm_gib(device_kind: str) -> float | None:
-  """HBM of one chip in GiB, or None when unknown."""
+  """Nominal HBM of one chip in GiB, or None when unknown."""
   return _lookup(HBM_GIB, device_kind)
 
 

@@ -1,11 +1,12 @@
 """Console lines, TensorBoard scalars and the throughput figures behind them.
 
-Throughput and MFU are rates of training steps alone: a logging window's
-time spent in checkpoint saves (the part the loop waits for; an async save
-writes on in the background) and held-out evaluation is measured apart
-(RunClock) and left out of them, and reported on its own. Goodput is the
-share of this process's wall time spent in training steps (their input
-waits and the first step's compile included).
+Throughput and utilisation (MFU from the analytic model FLOPs, HFU from
+XLA's hardware FLOPs; profiling.utilisation) are rates of training steps
+alone: a logging window's time spent in checkpoint saves (the part the loop
+waits for; an async save writes on in the background) and held-out
+evaluation is measured apart (RunClock) and left out of them, and reported
+on its own. Goodput is the share of this process's wall time spent in
+training steps (their input waits and the first step's compile included).
 """
 
 import contextlib
@@ -100,43 +101,47 @@ class MetricLogger:
 
   def log_train(self, step: int, phase, host_metrics: list[dict[str, float]],
                 learning_rate: float, data_stats: Optional[dict[str, int]] = None,
-                compiled_step_flops: Optional[float] = None) -> dict[str, float]:
+                compiled_step_flops: Optional[float] = None,
+                nonfinite: Optional[dict[str, int]] = None) -> dict[str, float]:
     """Averages the window's metrics, adds rates, prints and writes them.
 
-    `data_stats` (the input's counters, e.g. skipped records) go to
-    TensorBoard under data/. The utilisation logged as MFU comes from
-    `compiled_step_flops` (XLA's count per device, recomputation included,
-    so hardware FLOPs) where XLA counts the whole step, else from the
-    analytic model FLOPs (profiling.utilisation).
+    The averages are over the window's finite steps (over all of them when
+    none was finite). `data_stats` (the input's counters, e.g. skipped
+    records) go to TensorBoard under data/; `nonfinite` (StepMetrics.counts:
+    skipped steps in all and in a row) under train/. `mfu` is always from
+    the analytic model FLOPs; `hfu` from `compiled_step_flops` (XLA's count
+    per device, recomputation included) where XLA counts the whole step, and
+    absent otherwise (profiling.utilisation).
     """
     now = time.perf_counter()
     steps = step - self._step0
     apart = self.clock.apart() - self._apart0
     seconds = max(now - self._t0 - apart, 1e-9)
     self.clock.step_seconds += seconds
-    m = {k: float(np.mean([x[k] for x in host_metrics])) for k in host_metrics[0]
-         if k != "finite"}
+    m = window_means(host_metrics)
     steps_per_s = steps / seconds
     seqs = steps_per_s * phase.global_batch_size
     m.update(learning_rate=learning_rate, step_time=1.0 / max(steps_per_s, 1e-9),
              sequences_per_second=seqs,
              tokens_per_second=seqs * phase.max_seq_length, goodput=self.clock.goodput())
-    util, _ = profiling.utilisation(
+    m.update(profiling.utilisation(
         step_seconds=seconds / max(steps, 1), num_chips=self.num_chips,
         peak_tflops_per_chip=self.peak, model_config=self.model_config,
         seq_len=phase.max_seq_length, num_predictions=phase.max_predictions_per_seq,
         global_batch_size=phase.global_batch_size, compiled_step_flops=compiled_step_flops,
-        grad_accum_steps=self.grad_accum_steps)
-    if util is not None:
-      m["mfu"] = util
+        grad_accum_steps=self.grad_accum_steps))
+    m.update(nonfinite or {})
     eta = (self.total_steps - step) / max(steps_per_s, 1e-9)
-    mfu_text = f"{100 * util:.1f}%" if util is not None else "n/a"
+    percent = lambda k: f"{100 * m[k]:.1f}%" if k in m else "n/a"
+    skipped = (f"  skipped {m['skipped_steps']} steps ({m['nonfinite_in_a_row']} in a row)"
+               if m.get("skipped_steps") else "")
     logging.info(
         "step %d/%d [%s] loss %.4f  mlm_acc %.4f  nsp_acc %.4f  lr %.3g  "
-        "%.1f seq/s  MFU %s  goodput %.1f%% (checkpoints %.1fs, eval %.1fs)  ETA %s",
+        "%.1f seq/s  MFU %s  HFU %s  goodput %.1f%% (checkpoints %.1fs, eval %.1fs)  ETA %s%s",
         step, self.total_steps, phase.name, m["loss"], m["mlm_accuracy"],
-        m["nsp_accuracy"], learning_rate, seqs, mfu_text, 100 * m["goodput"],
-        self.clock.seconds["checkpoint"], self.clock.seconds["eval"], _duration(eta))
+        m["nsp_accuracy"], learning_rate, seqs, percent("mfu"), percent("hfu"),
+        100 * m["goodput"], self.clock.seconds["checkpoint"], self.clock.seconds["eval"],
+        _duration(eta), skipped)
     self.write(step, m, prefix="train")
     self.write(step, {f"{k}_seconds": v for k, v in self.clock.seconds.items()},
                prefix="time")
@@ -155,6 +160,16 @@ class MetricLogger:
   def close(self):
     if self._writer is not None:
       self._writer.close()
+
+
+def window_means(host_metrics: list[dict[str, float]]) -> dict[str, float]:
+  """Each metric's mean over the steps whose `finite` is true (all steps when none is).
+
+  A skipped step's loss may be NaN; averaged in, it would hide the window's
+  finite steps.
+  """
+  finite = [x for x in host_metrics if bool(x.get("finite", True))] or host_metrics
+  return {k: float(np.mean([x[k] for x in finite])) for k in finite[0] if k != "finite"}
 
 
 def _duration(seconds: float) -> str:

@@ -98,6 +98,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       trainer = Trainer(run, start.state, start.shardings, start.dropout_rng,
                         checkpointer=checkpointer, logger=logger, guard=guard,
                         finished_phases=(start.meta or {}).get("phases", {}),
+                        nonfinite=(start.meta or {}).get("nonfinite"),
                         profile=profiling.ProfileWindow(*config.logging.profile_steps,
                                                         logdir=f"{workdir}/tensorboard"))
       with sharding_lib.mesh_context(run.mesh, sharding_lib.rules(config.mesh)):
@@ -122,7 +123,7 @@ def _setup(config) -> tuple[Run, BertForPreTraining, Any, dict[str, Any]]:
                                  "but the first phase's data has no metadata.json")
   model_config = run_config.validate(config, num_devices=jax.device_count(),
                                      process_count=jax.process_count(),
-                                     vocab_size=vocab_size)
+                                     vocab_size=vocab_size, platform=jax.default_backend())
   plan = run_config.phases(config)
   schedule = opt_lib.learning_rate_schedule(
       config.optimizer, config.total_steps, [p.start for p in plan] + [plan[-1].end],
@@ -137,7 +138,10 @@ def _setup(config) -> tuple[Run, BertForPreTraining, Any, dict[str, Any]]:
 def _summary(trainer: Trainer, logger: MetricLogger) -> dict[str, Any]:
   summary = {"phases": trainer.phases, "step": trainer.step,
              "total_steps": trainer.run.config.total_steps,
-             "num_parameters": trainer.num_parameters(), "time": logger.clock.summary()}
+             "num_parameters": trainer.num_parameters(), "time": logger.clock.summary(),
+             # Steps whose update was skipped as non-finite, over the whole run
+             # (checkpoints carry the counts), and how many of them end it in a row.
+             **trainer.metrics.counts()}
   data = {}
   for p in trainer.phases.values():
     for k, v in p.get("data", {}).items():
@@ -156,6 +160,9 @@ def _log_summary(summary):
                summary["step"], summary["total_steps"], t["wall_seconds"],
                t["step_seconds"], 100 * t["goodput"], t["checkpoint_seconds"],
                t["eval_seconds"])
+  if summary["skipped_steps"]:
+    logging.info("  %d steps were skipped for a non-finite loss, gradient or update.",
+                 summary["skipped_steps"])
   if summary.get("data"):
     logging.info("  input (all hosts): %s", "  ".join(
         f"{k} {v}" for k, v in sorted(summary["data"].items())))

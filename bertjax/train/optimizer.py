@@ -3,12 +3,15 @@
 Weight decay is decoupled and never applied to LayerNorm parameters or
 biases, as in the original release's AdamWeightDecayOptimizer. With
 bias_correction=False the Adam moments are used as they are, which is
-what that optimizer does. LAMB's layer-wise trust ratio is likewise left out
-for LayerNorm parameters and biases (their step is Adam's), as NVIDIA's and
-TF-Addons' LAMB leave them out.
+what that optimizer does; with schedule='original' the learning rate is
+that release's too (see learning_rate_schedule). LAMB's layer-wise trust
+ratio is likewise left out for LayerNorm parameters and biases (their step
+is Adam's), as NVIDIA's and TF-Addons' LAMB leave them out, and it is taken
+per layer: a scanned encoder's parameters stacked on a leading layer axis
+get one ratio for each layer, as the unrolled encoder's do.
 """
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -25,17 +28,35 @@ def phase_boundaries(total_steps: int, fractions: Sequence[float]) -> list[int]:
   return bounds
 
 
+SCHEDULES = ("linear", "original")
+
+
 def learning_rate_schedule(opt_config, total_steps: int, bounds: Sequence[int],
                            phase_warmups: Sequence[int]) -> optax.Schedule:
-  """Linear warmup then linear decay to end_learning_rate, over the whole run.
+  """The learning rate at each step, by opt_config.schedule:
+
+  linear    warmup from 0 to the peak over W steps, then linear decay from
+            the peak to end_learning_rate over the remaining T - W steps.
+  original  the original release's optimization.py: the decay
+            (peak - end) x (1 - t/T) + end runs from step 0, and for t < W
+            the warmup peak x t/W replaces it; so after warmup the rate is
+            below the peak (at t = W it is peak x (1 - W/T) for end 0).
 
   With per_phase_warmup each phase restarts from 0 with its own warmup and
-  decays linearly to end_learning_rate at the phase's end.
+  decays to end_learning_rate at the phase's end, in the same shape.
   """
+  kind = opt_config.schedule
+  if kind not in SCHEDULES:
+    raise ValueError(f"optimizer.schedule: {kind!r} is not one of {SCHEDULES}")
   peak, end = opt_config.learning_rate, opt_config.end_learning_rate
 
   def warmup_decay(warmup, length):
     warmup = min(warmup, length)
+    if kind == "original":
+      decay = optax.linear_schedule(peak, end, max(length, 1))
+      if not warmup:
+        return decay
+      return lambda t: jnp.where(t < warmup, peak * t / warmup, decay(t))
     parts = [optax.linear_schedule(0.0, peak, warmup)] if warmup else []
     parts.append(optax.linear_schedule(peak, end, max(length - warmup, 1)))
     return optax.join_schedules(parts, [warmup]) if warmup else parts[0]
@@ -57,6 +78,47 @@ def decay_mask(params) -> Any:
     leaf, parent = names[-1], (names[-2] if len(names) > 1 else "")
     return not (leaf in ("bias", "output_bias") or "layer_norm" in parent)
   return jax.tree_util.tree_map_with_path(is_decayed, params)
+
+
+def stacked_layer_mask(params) -> Any:
+  """True for parameters stacked on a leading layer axis (a scanned encoder's).
+
+  nn.scan stores the encoder's layers under a module named 'layers' with
+  the layer index first; the unrolled encoder names them layer_0, layer_1...
+  """
+  def is_stacked(path, _):
+    names = [getattr(k, "key", getattr(k, "name", str(k))) for k in path]
+    return "layers" in names
+  return jax.tree_util.tree_map_with_path(is_stacked, params)
+
+
+def scale_by_layerwise_trust_ratio(stacked: Callable[[Any], Any] = stacked_layer_mask
+                                   ) -> optax.GradientTransformation:
+  """LAMB's trust ratio ||w|| / ||update||, one per layer.
+
+  For a parameter that `stacked(params)` marks, both norms are taken over
+  all axes but the leading layer axis, so each layer of a scanned encoder
+  gets its own ratio; other parameters get one ratio each. A zero norm
+  gives the ratio 1, as in optax.scale_by_trust_ratio.
+  """
+  def init_fn(params):
+    del params
+    return optax.EmptyState()
+
+  def update_fn(updates, state, params=None):
+    if params is None:
+      raise ValueError("LAMB's trust ratio needs the parameters")
+
+    def scale(u, p, is_stacked):
+      axes = tuple(range(1, u.ndim)) if is_stacked and u.ndim > 1 else None
+      p_norm = jnp.sqrt(jnp.sum(jnp.square(p.astype(jnp.float32)), axis=axes, keepdims=True))
+      u_norm = jnp.sqrt(jnp.sum(jnp.square(u.astype(jnp.float32)), axis=axes, keepdims=True))
+      ratio = jnp.where((p_norm == 0) | (u_norm == 0), 1.0, p_norm / u_norm)
+      return (u * ratio).astype(u.dtype)
+
+    return jax.tree.map(scale, updates, params, stacked(params)), state
+
+  return optax.GradientTransformation(init_fn, update_fn)
 
 
 def scale_by_adam_no_bias_correction(b1: float, b2: float, eps: float):
@@ -91,7 +153,7 @@ def make_optimizer(opt_config, schedule: optax.Schedule) -> optax.GradientTransf
   elif name == "lamb":
     core = [optax.scale_by_adam(b1=opt_config.b1, b2=opt_config.b2, eps=opt_config.eps),
             optax.add_decayed_weights(opt_config.weight_decay, mask=decay_mask),
-            optax.masked(optax.scale_by_trust_ratio(), decay_mask)]
+            optax.masked(scale_by_layerwise_trust_ratio(), decay_mask)]
   else:
     raise ValueError(f"optimizer.name: {name!r} is not one of 'adamw', 'lamb'")
   return optax.chain(*clip, *core, optax.scale_by_learning_rate(schedule))

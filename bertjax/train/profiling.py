@@ -9,12 +9,12 @@
   it (logdir/plugins/profile/...).
 - `compiled_flops(compiled)`: the FLOPs of one call of a compiled program
   per device, from XLA's cost analysis (None where the backend gives none);
-  `utilisation(...)`: achieved over peak FLOP/s, from those FLOPs where XLA
-  counts the whole step (a compiled program without loops:
-  `whole_step_flops`), from bertjax's analytic count otherwise. XLA's count
-  includes everything the program computes (recomputation under remat,
-  softmax, LayerNorm, the optimizer), so it is hardware FLOPs; the analytic
-  count is model FLOPs.
+  `utilisation(...)`: achieved over peak FLOP/s by two counts, under two
+  names. `mfu` (model FLOPs utilisation) always takes bertjax's analytic
+  count (flops.py). `hfu` (hardware FLOPs utilisation) takes XLA's count,
+  which includes everything the program computes (recomputation under
+  remat, softmax, LayerNorm, the optimizer), and only where XLA counts the
+  whole step (a compiled program without loops: `whole_step_flops`).
 """
 
 import os
@@ -157,18 +157,20 @@ def complete_count(model_config: BertConfig, grad_accum_steps: int) -> bool:
 def utilisation(*, step_seconds: float, num_chips: int, peak_tflops_per_chip: float | None,
                 model_config: BertConfig, seq_len: int, num_predictions: int,
                 global_batch_size: int, compiled_step_flops: float | None = None,
-                grad_accum_steps: int = 1) -> tuple[float | None, str]:
-  """(achieved / peak FLOP/s, where the FLOPs came from: 'compiled' or 'analytic').
+                grad_accum_steps: int = 1) -> dict[str, float]:
+  """Achieved over peak FLOP/s: {"mfu": ..., "hfu": ...}, each where it is known.
 
-  compiled_step_flops (per device, whole_step_flops: None where the program
-  has loops) is used where given and the config has no scanned loops
-  (complete_count); otherwise bertjax's analytic count of the global batch.
-  (None, 'no peak') when the chip's peak is unknown (e.g. CPU).
+  "mfu", model FLOPs utilisation: bertjax's analytic count of the global
+  batch (flops.mfu). "hfu", hardware FLOPs utilisation: compiled_step_flops
+  (XLA's count per device, whole_step_flops: None where the program has
+  loops), only where it is given and the config has no scanned loops
+  (complete_count). Empty when the chip's peak is unknown (e.g. CPU).
   """
   if not peak_tflops_per_chip:
-    return None, "no peak"
-  if compiled_step_flops and complete_count(model_config, grad_accum_steps):
-    return compiled_step_flops / step_seconds / (peak_tflops_per_chip * 1e12), "compiled"
+    return {}
   sequences_per_second = global_batch_size / step_seconds
-  return flops_lib.mfu(model_config, seq_len, num_predictions, sequences_per_second,
-                       num_chips, peak_tflops_per_chip), "analytic"
+  out = {"mfu": flops_lib.mfu(model_config, seq_len, num_predictions, sequences_per_second,
+                              num_chips, peak_tflops_per_chip)}
+  if compiled_step_flops and complete_count(model_config, grad_accum_steps):
+    out["hfu"] = compiled_step_flops / step_seconds / (peak_tflops_per_chip * 1e12)
+  return out

@@ -10,9 +10,10 @@ from typing import Optional
 
 import ml_collections
 
+from bertjax.model import attention
 from bertjax.model.config import BertConfig
 from bertjax.train import sharding as sharding_lib
-from bertjax.train.optimizer import phase_boundaries
+from bertjax.train.optimizer import SCHEDULES, phase_boundaries
 
 _GROUPS = {
     "": {"seed", "total_steps", "init_from", "allow_changes", "compile_cache_dir", "model", "data", "phases",
@@ -21,8 +22,8 @@ _GROUPS = {
     "data": {"source", "demo_dir", "vocab_hash", "order", "shuffle_block", "skip_corrupt",
              "dynamic_masking", "masked_lm_prob", "prefetch"},
     "optimizer": {"name", "learning_rate", "b1", "b2", "eps", "weight_decay",
-                  "bias_correction", "clip_norm", "warmup_steps", "end_learning_rate",
-                  "per_phase_warmup", "grad_accum_steps"},
+                  "bias_correction", "schedule", "clip_norm", "warmup_steps", "end_learning_rate",
+                  "per_phase_warmup", "grad_accum_steps", "max_nonfinite_in_a_row"},
     "mesh": {"data", "fsdp", "tensor", "rules"},
     "checkpoint": {"every_steps", "keep", "async_save"},
     "logging": {"every_steps", "eval_every_steps", "eval_batches", "peak_tflops",
@@ -105,9 +106,47 @@ def phase_at(plan: list[Phase], step: int) -> Phase:
   return plan[-1]
 
 
+def _check_splash_heads(model: BertConfig, plan: list[Phase], tensor: int, platform: str):
+  """Refuses splash attention where the tensor axis does not divide the heads.
+
+  Splash runs per shard (attention.splash_attention); heads that do not
+  split evenly over the tensor axis are left whole, so every tensor shard
+  would compute every head. 'splash' is refused outright; 'auto' wherever it
+  would pick splash on `platform` (attention.choose): in training, and in
+  evaluation for phases with eval_files.
+  """
+  if model.num_heads % tensor == 0:
+    return
+  fix = (f"set mesh.tensor to a divisor of {model.num_heads}, or "
+         "model.attention_impl='xla'")
+  problem = (f"{model.num_heads} heads do not split over the mesh.tensor={tensor} tensor "
+             "shards, so splash attention would compute every head on every tensor shard")
+  if model.attention_impl == "splash":
+    _fail("model.num_heads", f"{problem} (model.attention_impl='splash'): {fix}")
+  if model.attention_impl != "auto":
+    return
+  for p in plan:
+    for deterministic, use in ((False, "training"), (True, "evaluation")):
+      if deterministic and not p.eval_files:
+        continue
+      kernel, _ = attention.choose(
+          "auto", attention_dropout_rate=model.attention_dropout_rate, dtype=model.dtype,
+          platform=platform, seq_len=p.max_seq_length, deterministic=deterministic)
+      if kernel == "splash":
+        _fail("model.num_heads", f"{problem} (model.attention_impl='auto' picks splash on "
+              f"{platform} for {use} at phase {p.name}'s length {p.max_seq_length}): {fix}")
+
+
 def validate(config: ml_collections.ConfigDict, *, num_devices: Optional[int] = None,
-             process_count: int = 1, vocab_size: Optional[int] = None) -> BertConfig:
-  """Raises ConfigError naming the field; returns the model config."""
+             process_count: int = 1, vocab_size: Optional[int] = None,
+             platform: Optional[str] = None) -> BertConfig:
+  """Raises ConfigError naming the field; returns the model config.
+
+  `num_devices` resolves a -1 in config.mesh; without it the checks that
+  need the mesh's sizes take only the sizes the config fixes. `platform`
+  ('tpu', 'gpu', 'cpu') is where the steps will run, for what
+  model.attention_impl='auto' picks there; None checks as for TPU.
+  """
   _check_keys(config)
   if config.total_steps <= 0:
     _fail("total_steps", f"must be positive, got {config.total_steps}")
@@ -124,10 +163,15 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: Optional[int] = 
     _fail("data.shuffle_block", f"must be at least 1, got {config.data.shuffle_block}")
   if config.data.dynamic_masking and not 0.0 < config.data.masked_lm_prob < 1.0:
     _fail("data.masked_lm_prob", f"must be in (0, 1), got {config.data.masked_lm_prob}")
+  if config.optimizer.schedule not in SCHEDULES:
+    _fail("optimizer.schedule", f"{config.optimizer.schedule!r} is not one of {SCHEDULES}")
   if config.optimizer.name not in ("adamw", "lamb"):
     _fail("optimizer.name", f"{config.optimizer.name!r} is not one of 'adamw', 'lamb'")
   if config.optimizer.grad_accum_steps < 1:
     _fail("optimizer.grad_accum_steps", "must be at least 1")
+  if config.optimizer.max_nonfinite_in_a_row < 1:
+    _fail("optimizer.max_nonfinite_in_a_row", "must be at least 1 (1 stops at the first "
+          f"non-finite step), got {config.optimizer.max_nonfinite_in_a_row}")
   if config.checkpoint.keep < 1:
     _fail("checkpoint.keep", "must be at least 1")
   if config.checkpoint.every_steps < 1:
@@ -135,12 +179,15 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: Optional[int] = 
   if config.logging.every_steps < 1:
     _fail("logging.every_steps", "must be at least 1")
   dp = None
+  tensor = int(config.mesh.tensor)  # -1 while the device count is unknown.
   if num_devices is not None:
     try:
       shape = sharding_lib.mesh_shape(config.mesh, num_devices)
     except ValueError as e:
       raise ConfigError(f"--{e}") from None
-    dp = shape[0] * shape[1]
+    dp, tensor = shape[0] * shape[1], shape[2]
+  if tensor > 0:
+    _check_splash_heads(model, phases(config), tensor, platform or "tpu")
   needs_files = config.data.source == "tfrecord" and not config.data.demo_dir
   for p in phases(config):
     f = f"phases.{p.name}"

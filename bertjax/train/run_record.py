@@ -31,10 +31,11 @@ from bertjax.train import run_config
 RECORD_FILENAME = "config.json"
 # Fields that change nothing the run computes: how often it logs, evaluates
 # and saves, what it evaluates on, where it starts from when not resuming,
-# where compiled programs are cached, and how the state is laid out on the
-# devices (restores reshard).
+# where compiled programs are cached, how the state is laid out on the
+# devices (restores reshard), and how many non-finite steps in a row stop it.
 ALWAYS_SAFE = ("allow_changes", "init_from", "compile_cache_dir", "logging.*", "checkpoint.*",
-               "data.prefetch", "data.demo_dir", "mesh.*", "phases.*.eval_files")
+               "data.prefetch", "data.demo_dir", "mesh.*", "phases.*.eval_files",
+               "optimizer.max_nonfinite_in_a_row")
 # Not a config field: the number of processes, which decides each host's
 # files when data.order is "files".
 PROCESS_COUNT = "process_count"

@@ -11,6 +11,7 @@ import contextlib
 import math
 from typing import Any, Sequence
 
+from absl import logging
 import flax.linen as nn
 import jax
 import numpy as np
@@ -42,13 +43,25 @@ def mesh_shape(mesh_config, num_devices: int) -> tuple[int, ...]:
 
 
 def make_mesh(mesh_config, devices: Sequence[Any] | None = None) -> Mesh:
-  """A mesh over `devices` (default: all), laid out for the physical topology."""
+  """A mesh over `devices` (default: all), laid out for the physical topology.
+
+  Where mesh_utils cannot lay the shape out on the topology, the devices are
+  reshaped in their listed order instead, with a warning: that mesh is
+  correct, but its neighbours in an axis need not be neighbours on the
+  interconnect.
+  """
   devices = list(jax.devices() if devices is None else devices)
   shape = mesh_shape(mesh_config, len(devices))
   try:
     device_array = mesh_utils.create_device_mesh(
         shape, devices=devices, allow_split_physical_axes=True)
-  except (AssertionError, ValueError, NotImplementedError):
+  except (AssertionError, ValueError, NotImplementedError) as e:
+    logging.warning(
+        "make_mesh: mesh_utils.create_device_mesh could not lay out the mesh %s over "
+        "%d %s devices (%s: %s); using the devices in their listed order instead, "
+        "which may put an axis's neighbours far apart on the interconnect.",
+        dict(zip(MESH_AXES, shape)), len(devices),
+        getattr(devices[0], "device_kind", "?"), type(e).__name__, e)
     device_array = np.asarray(devices).reshape(shape)
   return Mesh(device_array, MESH_AXES)
 

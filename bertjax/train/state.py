@@ -6,6 +6,7 @@ out_shardings=...)` materialises each parameter directly in its shards: no
 device ever holds the whole model unless the rules say so.
 """
 
+import math
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -66,6 +67,7 @@ def abstract_train_state(model: BertForPreTraining, tx: optax.GradientTransforma
   shardings = sharding_lib.logical_to_sharding(
       nn.get_partition_spec(boxed), mesh, axis_rules)
   is_box = lambda x: isinstance(x, nn.meta.AxisMetadata)
+  _check_divisible(boxed.params, shardings.params, mesh)
   plain = jax.tree.map(lambda x: x.unbox(apply_constraint=False) if is_box(x) else x,
                        boxed, is_leaf=is_box)
   abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
@@ -95,6 +97,26 @@ def create_train_state(model: BertForPreTraining, tx: optax.GradientTransformati
   with sharding_lib.mesh_context(mesh, axis_rules):
     state = jax.jit(make, out_shardings=shardings)(rng, params)
   return state, shardings
+
+
+def _check_divisible(boxed_params, shardings, mesh):
+  """Refuses, naming the parameter, an axis its mesh axes do not divide."""
+  is_box = lambda x: isinstance(x, nn.meta.AxisMetadata)
+  for (path, box), sharding in zip(
+      jax.tree_util.tree_leaves_with_path(boxed_params, is_leaf=is_box),
+      jax.tree.leaves(shardings)):
+    if not is_box(box):
+      continue
+    for size, name, axes in zip(box.value.shape, box.names, sharding.spec):
+      axes = (axes,) if isinstance(axes, str) else tuple(axes or ())
+      shards = math.prod(mesh.shape[a] for a in axes)
+      if size % shards:
+        hint = (f"; set model.vocab_multiple to a multiple of {shards}" if name == "vocab"
+                else "")
+        raise ValueError(
+            f"config.mesh.rules: parameter {jax.tree_util.keystr(path)} has {size} along "
+            f"its '{name}' axis, which the rules split over mesh axes {list(axes)} "
+            f"({shards} shards) that do not divide it{hint}")
 
 
 def _check_same_structure(expected, given):

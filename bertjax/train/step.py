@@ -114,22 +114,27 @@ def train_step(state: TrainState, batch: Batch, rng, *, grad_accum_steps: int = 
 
 def apply_gradients(state: TrainState, grads, metrics: dict[str, jax.Array]
                     ) -> tuple[TrainState, dict[str, Any]]:
-  """The optimizer update, guarded against a non-finite metrics["loss"] or gradient.
+  """The optimizer update, skipped where the loss, gradient or new parameters are not finite.
 
-  Adds grad_norm, param_norm and `finite` to `metrics`. A non-finite loss or
-  gradient leaves parameters and optimizer state as they were; the loop sees
-  `finite` and stops with the step's number, so a non-finite state never
-  exists to be checkpointed.
+  Adds grad_norm, param_norm (of the parameters kept) and `finite` to
+  `metrics`. A step whose metrics["loss"], gradient norm or updated
+  parameters' norm is not finite keeps the parameters and optimizer state as
+  they were (so the learning-rate schedule, whose count is in the optimizer
+  state, does not advance either); only the step number moves on. Finite
+  parameters therefore stay finite. The loops count such steps and stop
+  after too many in a row (StepMetrics).
   """
   updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
   metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
-  finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+  new_norm = optax.tree.norm(params)
+  finite = (jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+            & jnp.isfinite(new_norm))
   keep = lambda new, old: jnp.where(finite, new, old)
   params = jax.tree.map(keep, params, state.params)
   opt_state = jax.tree.map(keep, opt_state, state.opt_state)
   metrics["finite"] = finite
-  metrics["param_norm"] = optax.tree.norm(params)
+  metrics["param_norm"] = jnp.where(finite, new_norm, optax.tree.norm(state.params))
   new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
   return new_state, metrics
 

@@ -67,16 +67,23 @@ class Trainer:
   def __init__(self, run: Run, state, shardings, dropout_rng, *,
                checkpointer: ckpt_lib.Checkpointer, logger: MetricLogger,
                guard: PreemptionGuard, finished_phases: dict[str, Any],
-               profile: profiling.ProfileWindow | None = None):
+               profile: profiling.ProfileWindow | None = None,
+               nonfinite: dict[str, int] | None = None):
     self.run, self.state, self.dropout_rng = run, state, dropout_rng
     self.checkpointer, self.logger, self.guard = checkpointer, logger, guard
     self.profile = profile or profiling.ProfileWindow(0, 0, "")
     self._step_flops: dict[str, float | None] = {}  # Per phase, from XLA (None: analytic).
     self.phases: dict[str, Any] = dict(finished_phases)
     self.step = int(jax.device_get(state.step))
-    self.metrics = StepMetrics(on_nonfinite=(
-        "Lower optimizer.learning_rate, check the data, or resume from the last "
-        f"checkpoint in {checkpointer.directory}."))
+    # `nonfinite`: StepMetrics.counts() of the checkpoint resumed from, so that
+    # the counts of skipped steps go on across restarts.
+    nonfinite = nonfinite or {}
+    self.metrics = StepMetrics(
+        on_nonfinite=("Lower optimizer.learning_rate, check the data, or resume from the "
+                      f"last checkpoint in {checkpointer.directory}."),
+        max_nonfinite_in_a_row=run.config.optimizer.max_nonfinite_in_a_row,
+        skipped=nonfinite.get("skipped_steps", 0),
+        in_a_row=nonfinite.get("nonfinite_in_a_row", 0))
     self._batch_sharding = sharding_lib.batch_sharding(run.mesh)
     self._p_train = step_lib.jit_train_step(
         shardings, run.mesh, grad_accum_steps=run.config.optimizer.grad_accum_steps)
@@ -128,10 +135,15 @@ class Trainer:
     return profiling.whole_step_flops(compiled)
 
   def _log(self, phase, source):
-    self.logger.log_train(self.step, phase, self.metrics.take_window(),
-                          float(self.run.schedule(self.step - 1)),
+    window = self.metrics.take_window()  # Reads back and counts the skipped steps first.
+    # The learning rate of the latest applied update: the schedule's count is
+    # in the optimizer state, which skipped steps leave as it was.
+    applied = self.step - self.metrics.skipped
+    self.logger.log_train(self.step, phase, window,
+                          float(self.run.schedule(max(applied - 1, 0))),
                           data_stats=sum_over_hosts(source_stats(source)),
-                          compiled_step_flops=self._step_flops.get(phase.name))
+                          compiled_step_flops=self._step_flops.get(phase.name),
+                          nonfinite=self.metrics.counts())
 
   def _periodic(self, phase):
     config = self.run.config
@@ -167,11 +179,13 @@ class Trainer:
             "data_step": step - phase.start, "seed": config.seed,
             "rng": ckpt_lib.rng_to_json(self.dropout_rng),
             "total_steps": config.total_steps,
-            "model": dataclasses.asdict(self.run.model_config), "phases": self.phases}
+            "model": dataclasses.asdict(self.run.model_config), "phases": self.phases,
+            "nonfinite": self.metrics.counts()}
 
   def save(self):
-    """Checkpoints the current step, once every step up to it was seen to be finite."""
-    self.metrics.drain()
+    """Checkpoints the current step once its metrics are read back and its parameters
+    seen to be finite (skipped steps counted, StepMetrics.drain_for_save)."""
+    self.metrics.drain_for_save(self.step)
     with self.logger.clock.measure("checkpoint"):
       self.checkpointer.save(self.state, self.meta())
 

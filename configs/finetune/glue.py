@@ -5,8 +5,10 @@
       --config.data_dir=glue_data/MRPC --workdir=DIR
 
 Batch 32, 3 epochs, learning rate from {5e-5, 4e-5, 3e-5, 2e-5} (--config.sweep.enabled
-runs the grid), 10% warmup then linear decay, dropout 0.1. The model fields must
-describe the checkpoint in init_from (BERT-BASE by default).
+runs the grid), 10% warmup then linear decay, dropout 0.1. With init_from, the
+model's architecture fields and do_lower_case are the checkpoint's (its config.json,
+bert_config.json or bertjax meta and run record), except those given as
+--config.* flags, which must agree with it; without init_from, BERT-BASE.
 """
 
 import os
@@ -28,7 +30,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.tfds_data_dir = ""  # TFDS data_dir when data_dir is empty; empty: TFDS's default.
   config.vocab_file = ""  # WordPiece vocab.txt; empty takes init_from/vocab.txt (Hugging Face and TF1 dirs).
   config.tokenizer = "wordpiece"  # wordpiece | sentencepiece (a .model file in vocab_file).
-  config.do_lower_case = True  # Lower-case and strip accents (uncased models).
+  config.do_lower_case = True  # Lower-case and strip accents (uncased models); init_from's casing when it records one, unless given as a flag.
   config.max_seq_length = 128  # [CLS] A [SEP] B [SEP] truncated and padded to this length.
   config.seed = 0  # Head initialisation, dropout and the training order.
   config.num_epochs = 3.0  # Passes over the training split.
@@ -38,13 +40,15 @@ def get_config() -> ml_collections.ConfigDict:
   config.random_init_baseline = False  # Also fine-tune from random initialisation with the same budget; report both.
   config.within_workdir = False  # True: init_from, data_dir and vocab_file are relative to --workdir, runs go to WORKDIR/downstream.
 
-  # The architecture of the checkpoint in init_from (bertjax.model.config.BertConfig).
+  # The architecture (bertjax.model.config.BertConfig). With init_from, every size but
+  # vocab_size is taken from the checkpoint unless given as a --config.model.* flag.
   config.model = pretraining.model
   config.model.vocab_size = 0  # 0 takes the tokenizer's vocab size; must equal the checkpoint's.
   config.model.hidden_dropout_rate = 0.1  # Dropout on embeddings, sublayers and the classifier input.
   config.model.attention_dropout_rate = 0.1  # Dropout on attention probabilities.
 
-  # AdamW with decoupled weight decay (not on LayerNorm or biases), as in the original release.
+  # AdamW with decoupled weight decay (not on LayerNorm or biases); bias_correction=False
+  # and schedule='original' make it the original release's optimizer and schedule exactly.
   config.optimizer = ml_collections.ConfigDict()
   config.optimizer.name = "adamw"  # adamw | lamb.
   config.optimizer.learning_rate = 5e-5  # Peak learning rate (the original run_classifier's default).
@@ -52,8 +56,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.optimizer.b2 = 0.999  # Adam beta2.
   config.optimizer.eps = 1e-6  # Adam epsilon, as in the original release.
   config.optimizer.weight_decay = 0.01  # Decoupled decay, as in the original release.
-  config.optimizer.bias_correction = True  # False reproduces the original release's Adam.
+  config.optimizer.bias_correction = True  # False: the original release's Adam (no bias correction).
+  config.optimizer.schedule = "linear"  # linear: decay from the peak after warmup | original: the original release's (decay from step 0 under the warmup).
   config.optimizer.clip_norm = 1.0  # Global gradient-norm clipping; 0 disables.
+  config.optimizer.max_nonfinite_in_a_row = 10  # A step with a non-finite loss, gradient or updated parameters is skipped (state kept) and counted; this many in a row stop the run.
 
   # The paper's grid: run with --config.sweep.enabled to fine-tune once per (rate, seed).
   config.sweep = ml_collections.ConfigDict()

@@ -19,6 +19,6 @@ import glue  # pylint: disable=g-import-not-at-top,wrong-import-position
 def get_config() -> ml_collections.ConfigDict:
   config = glue.get_config()  # Batch 32, 3 epochs, 10% warmup, dropout 0.1.
   config.task = "conll2003"  # Token classification over the nine BIO tags.
-  config.do_lower_case = False  # The paper's NER model is cased.
+  config.do_lower_case = False  # The paper's NER model is cased; init_from's recorded casing replaces it unless given as a flag.
   config.max_seq_length = 128  # Sub-tokens per sentence with [CLS] and [SEP].
   return config

@@ -1,0 +1,131 @@
+"""The fit check of ahead-of-time TPU compiles: available HBM and one device per chip.
+
+The parsing and the decision run everywhere, with fakes for libtpu; the last
+test compiles for real TPU topologies in a child process with JAX_PLATFORMS=cpu
+and is skipped where libtpu is not installed (`pip install "jax[tpu]"`).
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+
+import jax_child
+from bertjax import benchmark
+
+GIB = 2**30
+
+
+@pytest.mark.parametrize("message,expected", [
+    ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+     "temporaries (15.84G) exceeds available HBM (15.75G).", 15.75 * GIB),
+    ("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory "
+     "space hbm. Used 31.90G of 30.75G hbm. Exceeded hbm capacity by 1.15G.", 30.75 * GIB),
+    ("... exceeds available HBM (512.00M).", 512 * 2**20),
+    ("Used 1.00T of 95.74G hbm.", int(95.74 * GIB)),
+    ("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 17.2G.", None),
+    ("INTERNAL: something else", None),
+])
+def test_available_hbm_is_read_from_libtpus_out_of_memory_message(message, expected):
+  assert benchmark.parse_available_hbm(message) == (None if expected is None else int(expected))
+
+
+class _FakeCompile:
+  """Stands for jax.jit(...): lower().compile() raises `error` (or returns)."""
+
+  def __init__(self, error):
+    self.error = error
+
+  def __call__(self, fn, **kwargs):
+    return self
+
+  def lower(self):
+    return self
+
+  def compile(self):
+    if self.error:
+      raise self.error
+
+
+def test_available_hbm_comes_from_an_oversized_compile(monkeypatch):
+  monkeypatch.setattr(benchmark, "topology_devices", lambda topology: jax.devices("cpu"))
+  monkeypatch.setattr(benchmark.jax, "jit", _FakeCompile(jax.errors.JaxRuntimeError(
+      "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+      "temporaries (1.00T) exceeds available HBM (15.75G).")))
+  assert benchmark.available_hbm_bytes.__wrapped__("v5e:2x4") == int(15.75 * GIB)
+  # A compiler that does not stop the program names no figure.
+  monkeypatch.setattr(benchmark.jax, "jit", _FakeCompile(None))
+  assert benchmark.available_hbm_bytes.__wrapped__("v5e:2x4") is None
+  # Any other failure is a bug to see, not an unknown figure.
+  monkeypatch.setattr(benchmark.jax, "jit", _FakeCompile(
+      jax.errors.JaxRuntimeError("INTERNAL: broken")))
+  with pytest.raises(jax.errors.JaxRuntimeError, match="INTERNAL"):
+    benchmark.available_hbm_bytes.__wrapped__("v5e:2x4")
+
+
+def test_fits_means_within_the_available_hbm_not_the_nominal():
+  r = benchmark.AotResult(
+      topology="v5e:2x4", devices=8, chips=8, device_kind="TPU v5 lite", mesh={"data": 8},
+      phase="seq128", global_batch_size=256, seq_len=128, attention="splash",
+      compile_seconds=1.0, argument_bytes=10 * GIB, temp_bytes=int(5.9 * GIB),
+      unaliased_output_bytes=0, compiled_flops=None, analytic_flops=1.0, xla_view_flops=1.0,
+      hbm_bytes=int(15.75 * GIB))
+  assert r.nominal_hbm_bytes == 16 * GIB  # Within the nominal 16 GiB ...
+  assert r.fits is False  # ... but not within the 15.75 the compiler allows.
+  r.temp_bytes = int(5.7 * GIB)
+  assert r.fits is True
+  # Unknown available HBM: no answer, whatever the nominal figure says.
+  assert benchmark.AotResult(**{**r.__dict__, "hbm_bytes": None}).fits is None
+
+
+def test_v4_topologies_are_asked_for_one_megacore_device_per_chip(monkeypatch):
+  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
+  asked = []
+
+  def fake_desc(**kwargs):
+    asked.append(kwargs)
+    return topologies.TopologyDescription([])
+
+  monkeypatch.setattr(topologies, "get_topology_desc", fake_desc)
+  benchmark.topology_devices("v4:2x2x1")
+  benchmark.topology_devices("v5e:2x4")
+  assert asked == [dict(platform="tpu", topology_name="v4:2x2x1", chip_config_name="megacore"),
+                   dict(platform="tpu", topology_name="v5e:2x4")]
+
+
+def _child(payload):
+  """Topology devices and available HBM as libtpu gives them."""
+  return {name: {"devices": len(benchmark.topology_devices(name)),
+                 "chips": benchmark._count_chips(benchmark.topology_devices(name)),  # pylint: disable=protected-access
+                 "available_gib": benchmark.available_hbm_bytes(name) / GIB}
+          for name in payload["topologies"]}
+
+
+def test_libtpu_reports_available_hbm_per_chip():
+  spec = importlib.util.find_spec("libtpu")
+  if spec is None:
+    pytest.skip("libtpu is not installed (pip install 'jax[tpu]')")
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             PYTHONPATH=os.pathsep.join([jax_child.REPO, os.path.dirname(__file__)]),
+             # Compiles only: leave libtpu's one-process lock to tests that
+             # may run beside this one.
+             ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+  done = subprocess.run(
+      [sys.executable, __file__, json.dumps({"topologies": ["v4:2x2x1", "v5e:2x4"]})],
+      env=env, capture_output=True, text=True, timeout=300, check=False)
+  assert done.returncode == 0, done.stderr[-6000:]
+  result = json.loads(done.stdout.strip().splitlines()[-1])
+  v4, v5e = result["v4:2x2x1"], result["v5e:2x4"]
+  assert v4["devices"] == v4["chips"] == 4, v4  # One megacore device per v4 chip.
+  # A v4 device has (most of) the chip's 32 GiB, not half of it.
+  assert 16 < v4["available_gib"] <= 32, v4
+  assert v5e["devices"] == v5e["chips"] == 8, v5e
+  assert 15 < v5e["available_gib"] < 16, v5e  # Less than the nominal 16 GiB.
+
+
+if __name__ == "__main__":
+  print(json.dumps(_child(json.loads(sys.argv[1]))))
