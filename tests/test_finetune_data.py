@@ -102,6 +102,25 @@ def test_unknown_task_lists_the_tasks():
     assert name in str(e.value)
 
 
+def test_task_names_as_people_write_them():
+  for written, name in (("SST-2", "sst2"), ("STS-B", "stsb"), ("MNLI", "mnli"),
+                        ("CoLA", "cola"), ("CoNLL-2003", "conll2003"), ("SQuAD", "squad"),
+                        ("mrpc", "mrpc")):
+    assert registry.get_task(written).name == name, written
+
+
+def test_data_dir_may_be_the_glue_root(vocab, tmp_path):
+  """The GLUE distribution's root, with MRPC/ and SST-2/ inside, reads as the task's dir."""
+  tokenizer = tokenization.load_tokenizer("wordpiece", vocab)
+  task_dir = WRITERS["mrpc"](str(tmp_path / "glue_data" / glue.GLUE_DIRS["mrpc"]))
+  direct = glue.load(glue.TASKS["mrpc"], "dev", tokenizer, 16, task_dir)
+  from_root = glue.load(glue.TASKS["mrpc"], "dev", tokenizer, 16, str(tmp_path / "glue_data"))
+  assert len(from_root.arrays["labels"]) == len(direct.arrays["labels"]) > 0
+  for k, v in direct.arrays.items():
+    np.testing.assert_array_equal(from_root.arrays[k], v, err_msg=k)
+  assert set(glue.GLUE_DIRS) == set(glue.TASKS)
+
+
 def test_missing_tsv_names_the_flag(vocab, tmp_path):
   with pytest.raises(FileNotFoundError, match="--config.data_dir"):
     glue.load(glue.TASKS["mrpc"], "dev", tokenization.load_tokenizer("wordpiece", vocab),

@@ -56,6 +56,9 @@ class GlueTask:
     return self.text_columns - self.label
 
 
+# Each task's directory in the GLUE distribution (download_glue_data.py's names).
+GLUE_DIRS = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "qqp": "QQP",
+             "mnli": "MNLI", "qnli": "QNLI", "rte": "RTE", "wnli": "WNLI"}
 _DEV = {"dev": ("dev.tsv", "validation")}
 _BINARY = ("0", "1")
 _NLI = ("entailment", "not_entailment")
@@ -175,9 +178,13 @@ def load(task: GlueTask, split: str, tokenizer, max_seq_length: int, data_dir: s
   tsv, tfds_split = ("train.tsv", "train") if split == "train" else task.dev[split]
   if data_dir:
     path = os.path.join(data_dir, tsv)
+    in_root = os.path.join(data_dir, GLUE_DIRS[task.name], tsv)
+    if not fileio.exists(path) and fileio.exists(in_root):
+      path = in_root  # data_dir is the GLUE root, with a directory per task.
     if not fileio.exists(path):
       raise FileNotFoundError(f"--config.data_dir={data_dir}: no {tsv} for task "
-                              f"{task.name} (the GLUE distribution's layout)")
+                              f"{task.name}, nor {GLUE_DIRS[task.name]}/{tsv} (the GLUE "
+                              "distribution's layout: a task's directory or the root)")
     rows = read_tsv(task, path)
   else:
     rows = read_tfds(task, tfds_split, tfds_data_dir)

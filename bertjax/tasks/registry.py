@@ -57,10 +57,17 @@ HEAD_TYPES = {"classification": "sequence_classification",
               "span": "question_answering"}
 
 
+def _spelling(name: str) -> str:
+  return name.lower().replace("-", "").replace("_", "")
+
+
 def get_task(name: str) -> Task:
-  if name not in TASKS:
+  """The task named `name`, as bertjax names it or as people write it: case,
+  hyphens and underscores aside (SST-2, STS-B, MNLI, CoNLL2003)."""
+  by_spelling = {_spelling(t): t for t in TASKS}
+  if _spelling(name) not in by_spelling:
     raise ValueError(f"--config.task={name!r}: unknown task; tasks: {sorted(TASKS)}")
-  return TASKS[name]
+  return TASKS[by_spelling[_spelling(name)]]
 
 
 def model_for(task: Task, config: BertConfig) -> nn.Module:

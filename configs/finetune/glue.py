@@ -24,9 +24,9 @@ def get_config() -> ml_collections.ConfigDict:
   pretraining = base.get_config()
   config = ml_collections.ConfigDict()
 
-  config.task = "mrpc"  # cola | sst2 | mrpc | stsb | qqp | mnli | qnli | rte | wnli (and the other tasks in bertjax.tasks.registry).
+  config.task = "mrpc"  # cola | sst2 | mrpc | stsb | qqp | mnli | qnli | rte | wnli (and the other tasks in bertjax.tasks.registry); case, hyphens and underscores aside (SST-2, STS-B, MNLI).
   config.init_from = ""  # A bertjax pretraining checkpoint dir, a Hugging Face BERT dir or a TF1 checkpoint dir (bert_model.ckpt.*); empty: random init.
-  config.data_dir = ""  # Directory of the task's files (GLUE TSVs: train.tsv, dev.tsv); empty reads TFDS.
+  config.data_dir = ""  # Directory of the task's files (GLUE TSVs: train.tsv, dev.tsv), or the GLUE root holding a directory per task (SST-2/, STS-B/, ...); empty reads TFDS.
   config.tfds_data_dir = ""  # TFDS data_dir when data_dir is empty; empty: TFDS's default.
   config.vocab_file = ""  # WordPiece vocab.txt; empty takes init_from/vocab.txt (Hugging Face and TF1 dirs).
   config.tokenizer = "wordpiece"  # wordpiece | sentencepiece (a .model file in vocab_file).
