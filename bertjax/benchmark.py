@@ -15,19 +15,17 @@ searches for the largest per-device batch that fits.
 bertjax/benchmarks/tpu_fit_table.py runs this over configs and slices."""
 
 import dataclasses
-import functools
 import math
-import re
 import time
 from typing import NamedTuple
 
 from absl import app
 from absl import flags
 import jax
-import jax.numpy as jnp
 import numpy as np
 from ml_collections import config_flags
 
+from bertjax.benchmarks import tpu_topology
 from bertjax.input.synthetic import SyntheticSource
 from bertjax.model import attention
 from bertjax.model.bert import BertForPreTraining
@@ -91,7 +89,7 @@ def _gib(n):
 class AotResult:
   """What an ahead-of-time compile for a TPU slice tells (bytes and FLOPs per device)."""
   topology: str
-  devices: int  # JAX devices: one per chip (see topology_devices).
+  devices: int  # JAX devices: one per chip (see tpu_topology.topology_devices).
   chips: int
   device_kind: str
   mesh: dict
@@ -107,7 +105,7 @@ class AotResult:
   analytic_flops: float  # bertjax's model FLOPs for one step of the global batch.
   xla_view_flops: float  # The analytic count as XLA counts it (see flops_as_xla_counts).
   while_loops: int = 0  # `while` instructions in the optimized program (bodies counted once).
-  # HBM the compiler lets a program use on one device (available_hbm_bytes); None: unknown.
+  # HBM the compiler lets a program use on one device (tpu_topology); None: unknown.
   hbm_bytes: int | None = None
 
   @property
@@ -148,7 +146,7 @@ def flops_as_xla_counts(model_config, seq_len, num_predictions, batch, attention
 def aot_compile(config, topology: str, phase_name: str = "",
                 global_batch_size: int | None = None, vocab_size: int = 30522) -> AotResult:
   """Compiles the train step ahead of time for a TPU topology (e.g. v5e:2x4)."""
-  devices = topology_devices(topology)
+  devices = tpu_topology.topology_devices(topology)
   if global_batch_size:
     config.phases[phase_name or next(iter(config.phases))].global_batch_size = global_batch_size
   model_config, phase, mesh, rules, model, tx = build(
@@ -185,69 +183,7 @@ def aot_compile(config, topology: str, phase_name: str = "",
       * phase.global_batch_size,
       xla_view_flops=flops_as_xla_counts(model_config, *args, phase.global_batch_size,
                                          kernel, accum),
-      hbm_bytes=available_hbm_bytes(topology))
-
-
-# Options of jax.experimental.topologies.get_topology_desc by TPU generation. A
-# v4 topology lists each chip's two TensorCores as two devices unless asked
-# for megacore, where one device is the whole chip, as the v4 runtime runs it.
-# v5p topologies list one device per chip without being asked.
-TOPOLOGY_OPTIONS = {"v4": {"chip_config_name": "megacore"}}
-
-
-def topology_devices(topology: str) -> list:
-  """The compile-only devices of a TPU topology (e.g. v4:2x2x1), one per chip."""
-  from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
-  options = TOPOLOGY_OPTIONS.get(topology.split(":")[0], {})
-  return topologies.get_topology_desc(platform="tpu", topology_name=topology,
-                                      **options).devices
-
-
-# libtpu's RESOURCE_EXHAUSTED messages name the HBM a program may use in one of
-# two forms: "... exceeds available HBM (15.75G)." and "Used 17.20G of 15.75G hbm."
-_AVAILABLE_HBM = re.compile(
-    r"exceeds available HBM \((?P<a>[0-9.]+) ?(?P<a_unit>[KMGT]?)i?B?\)"
-    r"|Used [0-9.]+ ?[KMGT]?i?B? of (?P<b>[0-9.]+) ?(?P<b_unit>[KMGT]?)i?B? hbm",
-    re.IGNORECASE)
-_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
-def parse_available_hbm(message: str) -> int | None:
-  """Bytes of available HBM named by a libtpu out-of-memory message; None if it names none.
-
-  libtpu prints sizes in binary units rounded to two decimals (15.75G is
-  15.75 GiB), so the figure is within 0.005 of its unit of the compiler's.
-  """
-  match = _AVAILABLE_HBM.search(message)
-  if match is None:
-    return None
-  number, unit = (match["a"], match["a_unit"]) if match["a"] else (match["b"], match["b_unit"])
-  return int(float(number) * _UNITS[unit.upper()])
-
-
-OVERSIZED_BYTES = 2**40  # 1 TiB: more than the HBM of any TPU chip.
-
-
-@functools.cache
-def available_hbm_bytes(topology: str) -> int | None:
-  """HBM the compiler lets a program use on one device of `topology`, in bytes.
-
-  It differs from the chip's nominal HBM (flops.HBM_GIB): 15.75 GiB on a v5e
-  chip, for one, against 16 nominal. Read from the RESOURCE_EXHAUSTED message
-  of a compile for one of the topology's devices that needs OVERSIZED_BYTES;
-  None when the compiler does not stop it or its message names no figure. Cached per
-  topology (the compile takes under a second).
-  """
-  sharding = jax.sharding.SingleDeviceSharding(topology_devices(topology)[0])
-  oversized = jax.jit(lambda: jnp.zeros((OVERSIZED_BYTES,), jnp.uint8),
-                      out_shardings=sharding)
-  try:
-    oversized.lower().compile()
-  except jax.errors.JaxRuntimeError as e:
-    if not is_out_of_memory(e):
-      raise
-    return parse_available_hbm(str(e))
-  return None
+      hbm_bytes=tpu_topology.available_hbm_bytes(topology))
 
 
 def _count_chips(devices) -> int:
@@ -301,7 +237,7 @@ def find_max_batch(make_config, topology: str, phase_name: str, start: int,
         log(f"  per-device batch {per_device}: {_gib(tried[per_device].total_bytes)} -> "
             f"{'fits' if tried[per_device].fits else 'does not fit'}")
       except jax.errors.JaxRuntimeError as e:
-        if not is_out_of_memory(e):
+        if not tpu_topology.is_out_of_memory(e):
           raise
         tried[per_device] = None
         log(f"  per-device batch {per_device}: the compiler ran out of HBM -> does not fit")
@@ -384,13 +320,8 @@ def find_max_batch(make_config, topology: str, phase_name: str, start: int,
   return MaxBatch(lo, tried.get(lo), per_item if per_item and per_item > 0 else None)
 
 
-def is_out_of_memory(error: Exception) -> bool:
-  """Whether a compile failed because the program needs more HBM than the device has."""
-  return "RESOURCE_EXHAUSTED" in str(error)
-
-
 def _num_devices(topology: str) -> int:
-  return len(topology_devices(topology))
+  return len(tpu_topology.topology_devices(topology))
 
 
 def print_aot(r: AotResult):

@@ -16,6 +16,7 @@ import pytest
 
 import jax_child
 from bertjax import benchmark
+from bertjax.benchmarks import tpu_topology
 
 GIB = 2**30
 
@@ -31,7 +32,7 @@ GIB = 2**30
     ("INTERNAL: something else", None),
 ])
 def test_available_hbm_is_read_from_libtpus_out_of_memory_message(message, expected):
-  assert benchmark.parse_available_hbm(message) == (None if expected is None else int(expected))
+  assert tpu_topology.parse_available_hbm(message) == (None if expected is None else int(expected))
 
 
 class _FakeCompile:
@@ -52,19 +53,19 @@ class _FakeCompile:
 
 
 def test_available_hbm_comes_from_an_oversized_compile(monkeypatch):
-  monkeypatch.setattr(benchmark, "topology_devices", lambda topology: jax.devices("cpu"))
-  monkeypatch.setattr(benchmark.jax, "jit", _FakeCompile(jax.errors.JaxRuntimeError(
+  monkeypatch.setattr(tpu_topology, "topology_devices", lambda topology: jax.devices("cpu"))
+  monkeypatch.setattr(tpu_topology.jax, "jit", _FakeCompile(jax.errors.JaxRuntimeError(
       "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
       "temporaries (1.00T) exceeds available HBM (15.75G).")))
-  assert benchmark.available_hbm_bytes.__wrapped__("v5e:2x4") == int(15.75 * GIB)
+  assert tpu_topology.available_hbm_bytes.__wrapped__("v5e:2x4") == int(15.75 * GIB)
   # A compiler that does not stop the program names no figure.
-  monkeypatch.setattr(benchmark.jax, "jit", _FakeCompile(None))
-  assert benchmark.available_hbm_bytes.__wrapped__("v5e:2x4") is None
+  monkeypatch.setattr(tpu_topology.jax, "jit", _FakeCompile(None))
+  assert tpu_topology.available_hbm_bytes.__wrapped__("v5e:2x4") is None
   # Any other failure is a bug to see, not an unknown figure.
-  monkeypatch.setattr(benchmark.jax, "jit", _FakeCompile(
+  monkeypatch.setattr(tpu_topology.jax, "jit", _FakeCompile(
       jax.errors.JaxRuntimeError("INTERNAL: broken")))
   with pytest.raises(jax.errors.JaxRuntimeError, match="INTERNAL"):
-    benchmark.available_hbm_bytes.__wrapped__("v5e:2x4")
+    tpu_topology.available_hbm_bytes.__wrapped__("v5e:2x4")
 
 
 def test_fits_means_within_the_available_hbm_not_the_nominal():
@@ -91,17 +92,17 @@ def test_v4_topologies_are_asked_for_one_megacore_device_per_chip(monkeypatch):
     return topologies.TopologyDescription([])
 
   monkeypatch.setattr(topologies, "get_topology_desc", fake_desc)
-  benchmark.topology_devices("v4:2x2x1")
-  benchmark.topology_devices("v5e:2x4")
+  tpu_topology.topology_devices("v4:2x2x1")
+  tpu_topology.topology_devices("v5e:2x4")
   assert asked == [dict(platform="tpu", topology_name="v4:2x2x1", chip_config_name="megacore"),
                    dict(platform="tpu", topology_name="v5e:2x4")]
 
 
 def _child(payload):
   """Topology devices and available HBM as libtpu gives them."""
-  return {name: {"devices": len(benchmark.topology_devices(name)),
-                 "chips": benchmark._count_chips(benchmark.topology_devices(name)),  # pylint: disable=protected-access
-                 "available_gib": benchmark.available_hbm_bytes(name) / GIB}
+  return {name: {"devices": len(tpu_topology.topology_devices(name)),
+                 "chips": benchmark._count_chips(tpu_topology.topology_devices(name)),  # pylint: disable=protected-access
+                 "available_gib": tpu_topology.available_hbm_bytes(name) / GIB}
           for name in payload["topologies"]}
 
 

@@ -9,8 +9,8 @@ For every combination it compiles the train step for the slice on this CPU
 host (bertjax.benchmark.aot_compile) with the attention kernel `auto` picks
 there, and prints one markdown row as soon as it is done: the HBM needed
 per device (one device per chip; a v4 chip's two TensorCores as one
-megacore device, see benchmark.topology_devices) against the HBM the
-compiler lets a program use on that device (benchmark.available_hbm_bytes,
+megacore device, see tpu_topology.topology_devices) against the HBM the
+compiler lets a program use on that device (tpu_topology.available_hbm_bytes,
 below the chip's nominal HBM on v4, v5e and v6e), whether it fits, XLA's
 FLOPs per step against bertjax's analytic count as XLA sees the program
 (scanned layers counted once, Pallas kernels not counted) and, with
@@ -29,11 +29,12 @@ import sys
 import jax
 
 from bertjax import benchmark
+from bertjax.benchmarks import tpu_topology
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Cloud TPU slice names (as in --accelerator-type) -> topology names for
 # jax.experimental.topologies. A v4/v5p "-N" counts TensorCores (2 per chip),
-# each chip one device (benchmark.topology_devices).
+# each chip one device (tpu_topology.topology_devices).
 SLICES = {
     "v4-8": "v4:2x2x1", "v4-32": "v4:2x2x4",
     "v5e-8": "v5e:2x4", "v5e-32": "v5e:4x8",
@@ -93,7 +94,7 @@ def main():
         try:
           result = benchmark.aot_compile(make(), SLICES[slice_name], phase)
         except jax.errors.JaxRuntimeError as e:
-          if not benchmark.is_out_of_memory(e):
+          if not tpu_topology.is_out_of_memory(e):
             raise
           print(f"| {config_name} | {phase} | {slice_name} | | | | more than the device "
                 f"has (the compiler ran out of HBM) | no |" + " |" * 5, flush=True)
