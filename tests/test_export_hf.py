@@ -36,14 +36,15 @@ CORPUS = ("The quick brown fox jumps over the lazy dog. A dog barks at the fox.\
           "Cafe owners serve coffee; the resume says they panic rarely.\n") * 20
 
 
-def make_run(root, do_lower_case: bool, vocab_size: int = 160) -> dict:
-  """A workdir with a checkpoint, its run record, data metadata and vocab."""
+def make_run(root, do_lower_case: bool, vocab_size: int = 160, corpus: str = CORPUS) -> dict:
+  """A workdir with a checkpoint, its run record, data metadata and a vocab
+  trained on `corpus`."""
   import optax  # pylint: disable=g-import-not-at-top
   from bertjax.train import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
   from bertjax.train import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
   from bertjax.train import state as state_lib  # pylint: disable=g-import-not-at-top
   text = root / "corpus.txt"
-  text.write_text(CORPUS)
+  text.write_text(corpus, encoding="utf-8")
   data = root / "data"
   (data / "train_128").mkdir(parents=True)
   tokens = vocab_lib.build_wordpiece_vocab([str(text)], str(data / "vocab.txt"),
@@ -158,15 +159,6 @@ def test_export_loads_in_transformers_as_is(uncased_run, tmp_path, do_lower_case
 
 def _size(params):
   return sum(x.size for x in jax.tree.leaves(params))
-
-
-def test_pytorch_automodel_loads_the_export(uncased_run, tmp_path):
-  torch = pytest.importorskip("torch")
-  run = uncased_run
-  out = str(tmp_path / "hf")
-  export.export(run["checkpoints"], out)
-  model = transformers.AutoModel.from_pretrained(out)
-  assert isinstance(model, torch.nn.Module)
 
 
 def test_vocab_flag_replaces_the_search_and_must_be_the_datas(uncased_run, tmp_path):
