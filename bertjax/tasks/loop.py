@@ -39,7 +39,8 @@ from bertjax.train import optimizer as opt_lib
 from bertjax.train import run_record
 from bertjax.train import sharding as sharding_lib
 from bertjax.train import state as state_lib
-from bertjax.train.logger import MetricLogger, quiet_library_logs, window_means
+from bertjax.train.logger import MetricLogger, window_means
+from bertjax.train.usage import quiet_library_logs
 from bertjax.train.step_metrics import StepMetrics
 
 # (path, abstract encoder params, model config) -> BertModel's params, e.g.

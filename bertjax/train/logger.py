@@ -22,19 +22,6 @@ from bertjax.train import flops
 from bertjax.train import profiling
 
 
-class _LibraryInfoFilter:
-  """Drops INFO lines from orbax, whose per-save chatter buries the run's own log."""
-
-  def filter(self, record) -> bool:
-    return record.levelno > 20 or "/orbax/" not in record.pathname
-
-
-def quiet_library_logs():
-  absl_logger = logging.get_absl_logger()
-  if not any(isinstance(f, _LibraryInfoFilter) for f in absl_logger.filters):
-    absl_logger.addFilter(_LibraryInfoFilter())
-
-
 class RunClock:
   """This process's wall time, and the seconds of it spent saving and evaluating."""
 

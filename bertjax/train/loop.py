@@ -29,7 +29,8 @@ from bertjax.train import run_config
 from bertjax.train import run_record
 from bertjax.train import sharding as sharding_lib
 from bertjax.train import start as start_lib
-from bertjax.train.logger import MetricLogger, RunClock, quiet_library_logs
+from bertjax.train.logger import MetricLogger, RunClock
+from bertjax.train.usage import quiet_library_logs
 from bertjax.train.preemption import PreemptionGuard
 from bertjax.train.start import WeightsLoader
 from bertjax.train.trainer import Run, Trainer

@@ -7,7 +7,9 @@
     message names a flag (`--name`) or starts with an existing file's path
     (`path: ...` or `path:line: ...`) is taken for bad input, prints the same
     way and exits with 1.
-Any other exception is a bug and keeps its traceback. Flag parsing errors are
+Any other exception is a bug and keeps its traceback. `run` also quiets
+libraries' routine log lines (quiet_library_logs), so that a command's own
+output and its warnings and errors are what it prints. Flag parsing errors are
 absl's own "FATAL Flags parsing error: ..." line (a missing required flag), or,
 for an error that ml_collections' --config.* parsing raises naming a field
 given on the command line (an unknown field), the same `Error: ...` line.
@@ -20,6 +22,7 @@ import sys
 from typing import Callable
 
 from absl import app
+from absl import logging
 
 _FLAG = re.compile(r"(?:^|[\s'\"(=,;])--[A-Za-z]")
 _PATH_PREFIX = re.compile(r"^(.+?)(?::\d+)?: ")
@@ -35,6 +38,28 @@ def is_user_error(error: BaseException) -> bool:
   match = _PATH_PREFIX.match(message)
   return bool(match) and (match.group(1).startswith("gs://")
                           or os.path.exists(match.group(1)))
+
+
+class _LibraryNoiseFilter:
+  """Drops orbax's INFO lines (per-save and per-restore chatter that buries the
+  run's own log) and its warning that a checkpoint directory is read only, which
+  bertjax's readers (export, predict, init_from) open it as on purpose. orbax's
+  other warnings and every error still show."""
+
+  def filter(self, record) -> bool:
+    if "/orbax/" not in record.pathname:
+      return True
+    if record.levelno <= logging.converter.STANDARD_INFO:
+      return False
+    return not (record.levelno == logging.converter.STANDARD_WARNING
+                and str(record.msg).startswith("Given directory is read only"))
+
+
+def quiet_library_logs() -> None:
+  """Installs _LibraryNoiseFilter on absl's logger (once)."""
+  absl_logger = logging.get_absl_logger()
+  if not any(isinstance(f, _LibraryNoiseFilter) for f in absl_logger.filters):
+    absl_logger.addFilter(_LibraryNoiseFilter())
 
 
 def _exit(message: str, exitcode: int) -> None:
@@ -80,4 +105,5 @@ def _one_line_parse_errors(parser: Callable[[list[str]], list[str]]):
 def run(main: Callable[[list[str]], None], **kwargs) -> None:
   """absl's app.run(main, **kwargs) with user errors as one line."""
   parser = kwargs.pop("flags_parser", app.parse_flags_with_usage)
+  quiet_library_logs()
   app.run(one_line_errors(main), flags_parser=_one_line_parse_errors(parser), **kwargs)
