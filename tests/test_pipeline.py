@@ -271,7 +271,7 @@ def test_eval_batches_count_every_example_once(dataset, count):
 
 
 def test_reads_shards_written_by_records(tmp_path):
-  encoder = records.ExampleEncoder(L, P, V)
+  encoder = records.ExampleEncoder(L, P)
   rng = np.random.default_rng(0)
   data = []
   for _ in range(40):

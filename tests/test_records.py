@@ -41,10 +41,14 @@ def _random_instances(seed, count, max_seq_length, max_pred, vocab_size):
                          [(128, 20, 30522), (512, 80, 250_000), (8, 2, 6)])
 def test_encoder_bytes_equal_tensorflow_and_parse_identically(
     max_seq_length, max_pred, vocab_size):
-  enc = records.ExampleEncoder(max_seq_length, max_pred, vocab_size)
+  enc = records.ExampleEncoder(max_seq_length, max_pred)
   spec = _feature_spec(max_seq_length, max_pred)
-  for inst in _random_instances(0, 50, max_seq_length, max_pred, vocab_size):
+  instances = _random_instances(0, 50, max_seq_length, max_pred, vocab_size)
+  frames, lengths = enc.frame_rows(instances)  # All at once, as creation encodes them.
+  ends = np.cumsum(lengths).tolist()
+  for inst, start, end in zip(instances, [0] + ends[:-1], ends):
     data = enc.encode(*inst)
+    assert frames[start:end] == records.frame(data)
     features = data_utils.features_of(*inst, max_seq_length, max_pred)
     reference = data_utils.tf_example_bytes(features)
     assert data == reference
@@ -57,7 +61,7 @@ def test_encoder_bytes_equal_tensorflow_and_parse_identically(
 
 
 def test_encoder_rejects_oversized_instances():
-  enc = records.ExampleEncoder(8, 2, 100)
+  enc = records.ExampleEncoder(8, 2)
   with pytest.raises(ValueError, match="max_seq_length=8"):
     enc.encode(list(range(9)), 1, [1], [5], False)
   with pytest.raises(ValueError, match="max_predictions_per_seq=2"):
@@ -79,7 +83,7 @@ def test_framing_matches_tf_record_writer(tmp_path):
 
 
 def test_index_gives_record_offsets(tmp_path):
-  enc = records.ExampleEncoder(64, 10, 1000)
+  enc = records.ExampleEncoder(64, 10)
   data = [enc.encode(*i) for i in _random_instances(1, 200, 64, 10, 1000)]
   path = str(tmp_path / records.shard_name(3, 8))
   assert path.endswith("part-00003-of-00008.tfrecord")

@@ -4,6 +4,7 @@
   python -m bertjax.benchmarks.create_data_bench [--mb 20] [--repeat 3]
       [--dupe_factor 10] [--max_seq_length 128] [--workers 2]
   python -m bertjax.benchmarks.create_data_bench --peak_rss 2,20
+  python -m bertjax.benchmarks.create_data_bench --whole_process [--baseline DIR]
 
 The corpus is text no part of which is repeated: docstrings of the installed
 packages (corpus.py), `--mb` megabytes of it, one sentence per line, with a
@@ -18,6 +19,16 @@ corpus, vocab and flags, each pair in turn:
 
 Prints every run, then per configuration the median and range of
 instances/s and of its ratio to the original's run of the same pair.
+
+--whole_process runs each side as a fresh command-line process, its start-up
+and imports included: the original's `python -m bert.create_pretraining_data`
+and `python -m bertjax.create_data` (with --workers processes), in paired,
+alternating runs; with --baseline DIR, also `python -m bertjax.create_data`
+from the checkout at DIR (e.g. an older commit) in each pair. Per run: wall
+seconds, CPU seconds (user + system of the process and its workers) and the
+peak resident memory summed over the process and its workers (sampled from
+/proc every 20 ms); then medians and ranges, and ratios to the original's run
+of the same pair.
 
 --peak_rss SIZES runs bertjax (one process, one output shard, so the shard
 grows with the corpus) on corpora of the given sizes in megabytes, each in a
@@ -77,6 +88,90 @@ def run_bertjax(corpus, vocab, config, out, workers):
       creation.TokenizerSpec("wordpiece", vocab, True), config, out,
       num_workers=workers, show_progress=False, log=lambda *a: None)
   return time.time() - start, md.num_instances
+
+
+# --- Whole processes. -------------------------------------------------------
+
+def _tree_rss_mib(pid: int) -> float:
+  """Resident memory of `pid` and all its descendants, in MiB (Linux /proc)."""
+  children = {}
+  for entry in os.listdir("/proc"):
+    if entry.isdigit():
+      try:
+        with open(f"/proc/{entry}/stat") as f:
+          parent = int(f.read().rsplit(")", 1)[1].split()[1])
+      except (OSError, IndexError, ValueError):
+        continue
+      children.setdefault(parent, []).append(int(entry))
+  total, todo = 0, [pid]
+  while todo:
+    p = todo.pop()
+    todo.extend(children.get(p, ()))
+    try:
+      with open(f"/proc/{p}/status") as f:
+        total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    except (OSError, StopIteration):
+      pass
+  return total / 1024
+
+
+def run_process(argv, env=None) -> dict:
+  """Runs a command; returns its wall and CPU seconds and peak tree memory."""
+  with tempfile.TemporaryFile() as err:
+    start = time.time()
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err)  # pylint: disable=consider-using-with
+    peak = 0.0
+    while True:
+      pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+      if pid:
+        break
+      peak = max(peak, _tree_rss_mib(proc.pid))
+      time.sleep(0.02)
+    seconds = time.time() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+      err.seek(0)
+      raise RuntimeError(f"{' '.join(argv)} failed:\n"
+                         f"{err.read().decode(errors='replace')[-3000:]}")
+  # The child's CPU time includes that of its workers, which it waited for.
+  return {"wall": seconds, "cpu": usage.ru_utime + usage.ru_stime, "peak_mib": peak}
+
+
+def whole_process(args, tmp, corpus, vocab):
+  """Paired, alternating whole-process runs (module docstring)."""
+  common = [f"--max_seq_length={args.max_seq_length}",
+            f"--max_predictions_per_seq={args.max_predictions_per_seq}",
+            f"--dupe_factor={args.dupe_factor}", "--random_seed=12345",
+            f"--vocab_file={vocab}", f"--input_file={corpus}", "--do_lower_case=True"]
+  out = os.path.join(tmp, "out")
+  sides = [("original", [sys.executable, "-m", "bert.create_pretraining_data", *common,
+                         f"--output_file={out}.tfrecord", "--masked_lm_prob=0.15",
+                         "--short_seq_prob=0.1"], None)]
+  bertjax_argv = [sys.executable, "-m", "bertjax.create_data", *common,
+                  f"--output_dir={out}", f"--num_workers={args.workers}", "--no_progress"]
+  here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  if args.baseline:
+    sides.append(("baseline", bertjax_argv, dict(os.environ, PYTHONPATH=args.baseline)))
+  sides.append(("bertjax", bertjax_argv, dict(os.environ, PYTHONPATH=here)))
+  results = {name: [] for name, _, _ in sides}
+  for r in range(args.repeat):
+    for name, argv, env in sides:
+      shutil.rmtree(out, ignore_errors=True)
+      got = run_process(argv, env)
+      results[name].append(got)
+      print(f"pair {r}: {name:<9} {got['wall']:7.1f} s wall {got['cpu']:7.1f} s CPU "
+            f"{got['peak_mib']:7,.0f} MiB peak", flush=True)
+  ref = results["original"]
+  for name, _, _ in sides:
+    for field, unit in (("wall", "s"), ("cpu", "s CPU"), ("peak_mib", "MiB peak")):
+      values = [x[field] for x in results[name]]
+      line = (f"{name:<9} {field:<8} median {statistics.median(values):8,.1f} {unit} "
+              f"(range {min(values):,.1f}-{max(values):,.1f})")
+      if name != "original":
+        ratios = [o[field] / x[field] for o, x in zip(ref, results[name])]
+        line += (f"; original / {name}: median {statistics.median(ratios):.1f}x "
+                 f"(range {min(ratios):.1f}-{max(ratios):.1f})")
+      print(line, flush=True)
 
 
 # --- The benchmark. ----------------------------------------------------------
@@ -213,6 +308,10 @@ def main():
   parser.add_argument("--peak_rss", default="",
                       help="Comma-separated corpus sizes (MB) to measure "
                       "peak memory at, instead of speed.")
+  parser.add_argument("--whole_process", action="store_true",
+                      help="Time whole command-line processes (module docstring).")
+  parser.add_argument("--baseline", default="",
+                      help="With --whole_process: a checkout whose bertjax also runs.")
   parser.add_argument("--spill_mb", type=float, default=16.0,
                       help="Spill size for --peak_rss.")
   args = parser.parse_args()
@@ -226,7 +325,10 @@ def main():
     print(f"corpus {os.path.getsize(corpus) / 1e6:.1f} MB (installed "
           f"docstrings, no repeated text), max_seq_length "
           f"{args.max_seq_length}, dupe_factor {args.dupe_factor}", flush=True)
-    speed(args, tmp, corpus, vocab)
+    if args.whole_process:
+      whole_process(args, tmp, corpus, vocab)
+    else:
+      speed(args, tmp, corpus, vocab)
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
 

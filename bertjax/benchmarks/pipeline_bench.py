@@ -28,7 +28,7 @@ def write_dataset(directory: str, num_records: int, num_files: int, max_seq_leng
                   max_pred: int, vocab_size: int = 30522, seed: int = 0) -> str:
   """Random pre-masked records in `num_files` shards; returns the glob."""
   rng = np.random.default_rng(seed)
-  encoder = records.ExampleEncoder(max_seq_length, max_pred, vocab_size)
+  encoder = records.ExampleEncoder(max_seq_length, max_pred)
   per_file = -(-num_records // num_files)
   files, num_tokens = [], 0
   for f in range(num_files):

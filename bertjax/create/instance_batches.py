@@ -70,17 +70,6 @@ class MaskedBatch:
     return MaskedBatch(*(getattr(self, f.name)[rows]
                          for f in dataclasses.fields(self)))
 
-  def rows(self) -> list[tuple[list[int], int, list[int], list[int], bool]]:
-    """Per row (input ids, num_a, positions, labels, is_random_next), unpadded,
-    as records.ExampleEncoder.encode takes them."""
-    ids, pos, labels = (self.input_ids_BxL.tolist(),
-                        self.masked_lm_positions_BxP.tolist(),
-                        self.masked_lm_ids_BxP.tolist())
-    return [(ids[i][:n], a, pos[i][:k], labels[i][:k], r) for i, (n, a, k, r)
-            in enumerate(zip(self.lengths_B.tolist(), self.num_a_B.tolist(),
-                             self.num_predictions_B.tolist(),
-                             self.is_random_next_B.tolist()))]
-
 
 def mask_arrays(ids: np.ndarray, lengths: np.ndarray, num_a: np.ndarray,
                 is_random_next: np.ndarray, masked_lm_prob: float,

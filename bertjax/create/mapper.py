@@ -58,7 +58,7 @@ class CreationConfig:
   docs_per_chunk: int = 2048  # --docs_per_chunk: the scope of random-next B.
   chunk_chars: int = 32 << 20  # A chunk also ends at about this much text.
   partition_bytes: int = 4 << 20  # --partition_mb (in MiB): input per partition.
-  spill_bytes: int = 64 << 20  # Map-side buffer before spilling to disk.
+  spill_bytes: int = 16 << 20  # Spill buffers and merge blocks: memory, not output.
 
   def validate(self) -> None:
     """Raises ValueError naming the flag of any bad value."""
@@ -184,9 +184,8 @@ class ShardMapper:
     self.config = config
     self.tokenizer = tokenizer
     self.vocab = instances_lib.VocabInfo.from_tokenizer(tokenizer)
-    self.encoder = records.ExampleEncoder(
-        config.max_seq_length, config.max_predictions_per_seq,
-        tokenizer.vocab_size)
+    self.encoder = records.ExampleEncoder(config.max_seq_length,
+                                          config.max_predictions_per_seq)
     ids = tokenizer.special_ids
     self._special_array = np.asarray(
         sorted({ids["cls"], ids["sep"], ids["mask"], ids["pad"]}), np.int32)
@@ -293,18 +292,20 @@ class ShardMapper:
     c = self.config
     if c.whole_word_mask:
       part = [part[i] for i in order.tolist()]
-      rows = [(i.input_ids, i.num_a, i.masked_lm_positions, i.masked_lm_ids,
-               i.is_random_next) for i in part]
-    else:
-      batch = instance_batches.mask_arrays(
-          *instance_batches.assemble_pairs(part, chunk.tokens, chunk.doc_starts,
-                                           c.max_seq_length, self.vocab),
-          c.masked_lm_prob, c.max_predictions_per_seq, self.vocab,
-          rng.generator).take(order)
-      rows = batch.rows()
-    data = [records.frame(self.encoder.encode(*row)) for row in rows]
-    return (b"".join(data), np.fromiter(map(len, data), np.int64, len(data)),
-            np.fromiter((len(row[0]) for row in rows), np.int64, len(rows)))
+      frames, frame_lengths = self.encoder.frame_rows(
+          [(i.input_ids, i.num_a, i.masked_lm_positions, i.masked_lm_ids,
+            i.is_random_next) for i in part])
+      return frames, frame_lengths, np.fromiter((len(i.input_ids) for i in part), np.int64,
+                                                len(part))
+    batch = instance_batches.mask_arrays(
+        *instance_batches.assemble_pairs(part, chunk.tokens, chunk.doc_starts,
+                                         c.max_seq_length, self.vocab),
+        c.masked_lm_prob, c.max_predictions_per_seq, self.vocab,
+        rng.generator).take(order)
+    frames, frame_lengths = self.encoder.frame_batch(
+        batch.input_ids_BxL, batch.lengths_B, batch.num_a_B, batch.masked_lm_positions_BxP,
+        batch.masked_lm_ids_BxP, batch.num_predictions_B, batch.is_random_next_B)
+    return frames, frame_lengths, batch.lengths_B.astype(np.int64)
 
 
 def _count(report, out_B, lengths_B, num_shards) -> None:

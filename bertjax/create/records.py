@@ -22,6 +22,7 @@ import numpy as np
 
 from bertjax.records import fileio
 from bertjax.records import tfrecord
+from bertjax.text.ragged import ranges as ragged_ranges
 
 FEATURE_ORDER = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
                  "masked_lm_ids", "masked_lm_weights", "next_sentence_labels")
@@ -50,17 +51,17 @@ class ExampleEncoder:
   """Encodes instances as serialised `tf.train.Example` bytes, fast.
 
   Features are written in sorted name order, so the bytes equal
-  `tf.train.Example(...).SerializeToString(deterministic=True)`. Every id is
-  a table lookup of its varint bytes, and the headers of every feature are
-  precomputed per payload length.
+  `tf.train.Example(...).SerializeToString(deterministic=True)`. A batch of
+  instances is encoded at once in numpy (frame_batch): the varints of all ids
+  together, every feature's header precomputed per payload length, and the
+  parts of every record gathered into one buffer.
   """
 
-  def __init__(self, max_seq_length: int, max_predictions_per_seq: int,
-               vocab_size: int):
+  def __init__(self, max_seq_length: int, max_predictions_per_seq: int):
     self.max_seq_length = L = max_seq_length
     self.max_predictions_per_seq = P = max_predictions_per_seq
-    self._table = [varint(i) for i in range(max(vocab_size, L, 2))]
     self._heads = {name: {} for name in FEATURE_ORDER}
+    self._varint_words, self._varint_num = _varint_table(1 << 14)
     self._mask = [self._int_head("input_mask", L) + b"\x01" * n
                   + b"\x00" * (L - n) for n in range(L + 1)]
     one = struct.pack("<f", 1.0)
@@ -88,33 +89,137 @@ class ExampleEncoder:
              masked_lm_positions: Sequence[int], masked_lm_ids: Sequence[int],
              is_random_next: bool) -> bytes:
     """Serialises one instance (unpadded ids, see instances.Instance)."""
-    L, P, table = self.max_seq_length, self.max_predictions_per_seq, self._table
-    n, k = len(input_ids), len(masked_lm_positions)
-    if n > L or k > P:
-      raise ValueError(f"instance of {n} tokens / {k} predictions exceeds "
-                       f"max_seq_length={L} / max_predictions_per_seq={P}")
-    lookup = table.__getitem__
-    ids = b"".join(map(lookup, input_ids)) + b"\x00" * (L - n)
-    pos = b"".join(map(lookup, masked_lm_positions)) + b"\x00" * (P - k)
-    lab = b"".join(map(lookup, masked_lm_ids)) + b"\x00" * (P - k)
-    head = self._int_head
-    body = b"".join((
-        head("input_ids", len(ids)), ids,
-        self._mask[n],
-        head("masked_lm_ids", len(lab)), lab,
-        head("masked_lm_positions", len(pos)), pos,
-        self._weights[k],
-        self._labels[1 if is_random_next else 0],
-        self._segment_head, b"\x00" * (num_a + 2), b"\x01" * (n - num_a - 2),
-        b"\x00" * (L - n),
-    ))
-    size = len(body)
-    return b"\n" + (table[size] if size < len(table) else varint(size)) + body
+    frames, _ = self.frame_rows([(input_ids, num_a, masked_lm_positions, masked_lm_ids,
+                                  is_random_next)])
+    return frames[tfrecord.HEADER_BYTES:-tfrecord.FOOTER_BYTES]
 
   def encode_instance(self, instance) -> bytes:
     return self.encode(instance.input_ids, instance.num_a,
                        instance.masked_lm_positions, instance.masked_lm_ids,
                        instance.is_random_next)
+
+  def frame_rows(self, rows) -> tuple[bytes, np.ndarray]:
+    """frame_batch of (input ids, num_a, positions, labels, is_random_next)
+    rows, unpadded (instances.Instance's fields)."""
+    L, P, B = self.max_seq_length, self.max_predictions_per_seq, len(rows)
+    ids, pos, lab = (np.zeros((B, L), np.int64), np.zeros((B, P), np.int64),
+                     np.zeros((B, P), np.int64))
+    lengths, num_a, num_pred, random_next = (np.zeros(B, np.int64) for _ in range(4))
+    for i, (row_ids, a, row_pos, row_lab, r) in enumerate(rows):
+      n, k = len(row_ids), len(row_pos)
+      if n > L or k > P:
+        raise ValueError(f"instance of {n} tokens / {k} predictions exceeds "
+                         f"max_seq_length={L} / max_predictions_per_seq={P}")
+      ids[i, :n], pos[i, :k], lab[i, :k] = row_ids, row_pos, row_lab
+      lengths[i], num_a[i], num_pred[i], random_next[i] = n, a, k, r
+    return self.frame_batch(ids, lengths, num_a, pos, lab, num_pred, random_next)
+
+  def frame_batch(self, ids_BxL: np.ndarray, lengths_B: np.ndarray, num_a_B: np.ndarray,
+                  positions_BxP: np.ndarray, labels_BxP: np.ndarray,
+                  num_predictions_B: np.ndarray, is_random_next_B: np.ndarray
+                  ) -> tuple[bytes, np.ndarray]:
+    """(TFRecord frames back to back, frame lengths) of B instances, in numpy.
+
+    Rows are zero-padded as instance_batches.MaskedBatch holds them (ids past
+    lengths_B and prediction slots past num_predictions_B are 0); each
+    frame's data is `encode`'s bytes for the row.
+    """
+    L, P = self.max_seq_length, self.max_predictions_per_seq
+    B = len(lengths_B)
+    if ids_BxL.shape != (B, L) or positions_BxP.shape != (B, P):
+      raise ValueError(f"rows of {ids_BxL.shape[1:]} tokens / {positions_BxP.shape[1:]} "
+                       f"predictions; the encoder's are max_seq_length={L} / "
+                       f"max_predictions_per_seq={P}")
+    n, a = np.asarray(lengths_B, np.int64), np.asarray(num_a_B, np.int64)
+    k = np.asarray(num_predictions_B, np.int64)
+    ids, ids_n = self._varints(ids_BxL)
+    lab, lab_n = self._varints(labels_BxP)
+    pos, pos_n = self._varints(positions_BxP)
+    cols = np.arange(L)
+    segments = ((cols >= a[:, None] + 2) & (cols < n[:, None])).astype(np.uint8)
+    body = [
+        self._head_part("input_ids", ids_n), _ragged_part(ids, ids_n),
+        _table_part(self._mask, n),
+        self._head_part("masked_lm_ids", lab_n), _ragged_part(lab, lab_n),
+        self._head_part("masked_lm_positions", pos_n), _ragged_part(pos, pos_n),
+        _table_part(self._weights, k),
+        _table_part(self._labels, np.asarray(is_random_next_B, np.int64)),
+        _table_part([self._segment_head], np.zeros(B, np.int64)),
+        _ragged_part(segments.ravel(), np.full(B, L)),
+    ]
+    size = sum(part[2] for part in body)
+    prefix = _lookup_part(lambda v: b"\n" + varint(v), size)
+    data_n = size + prefix[2]
+    header = _lookup_part(frame_header, data_n)
+    footer = (np.zeros(tfrecord.FOOTER_BYTES, np.uint8), np.zeros(B, np.int64),
+              np.full(B, tfrecord.FOOTER_BYTES))
+    out, starts = _concat_rows([header, prefix, *body, footer])
+    frame_n = data_n + tfrecord.FRAME_OVERHEAD
+    data_start = starts + tfrecord.HEADER_BYTES
+    data = out.tobytes()
+    crcs = np.fromiter((tfrecord.masked_crc32c(data[s:s + m]) for s, m in
+                        zip(data_start.tolist(), data_n.tolist())), np.uint32, B)
+    out[ragged_ranges(data_start + data_n, np.full(B, tfrecord.FOOTER_BYTES))] = (
+        crcs.astype("<u4").view(np.uint8))
+    return out.tobytes(), frame_n
+
+  def _varints(self, values_BxM: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(protobuf varints of every value, row-major, back to back; bytes per
+    row) of non-negative ints below 2**28, by table lookup."""
+    values = np.asarray(values_BxM)
+    top = int(values.max(initial=0))
+    if top >= len(self._varint_num):
+      self._varint_words, self._varint_num = _varint_table(
+          min(max(2 * top, 1 << 14), max(top + 1, 1 << 28)))
+    num = self._varint_num[values]
+    words = self._varint_words[values].view(np.uint8).reshape(values.shape + (4,))
+    return words[np.arange(4) < num[..., None]], num.sum(-1)
+
+  def _head_part(self, name: str, num_bytes_B: np.ndarray):
+    return _lookup_part(lambda v: self._int_head(name, v), num_bytes_B)
+
+
+def _varint_table(size: int) -> tuple[np.ndarray, np.ndarray]:
+  """(varint bytes of 0..size-1, zero-padded to 4 and read as little-endian
+  uint32 words; bytes of each). Values of 2**28 and up take 5 bytes: refused."""
+  if size > 1 << 28:
+    raise ValueError(f"ids up to {size - 1}: the encoder takes ids below 2**28")
+  v = np.arange(size, dtype=np.int64)
+  num = 1 + (v >= 1 << 7) + (v >= 1 << 14) + (v >= 1 << 21)
+  byte = np.arange(4)
+  out = ((v[:, None] >> (7 * byte)) & 0x7F) | np.where(byte < num[:, None] - 1, 0x80, 0)
+  out = np.where(byte < num[:, None], out, 0).astype(np.uint8)
+  return out.view("<u4").ravel(), num.astype(np.int64)
+
+
+def _ragged_part(flat: np.ndarray, counts_B: np.ndarray):
+  """A part of every row: rows' bytes back to back in `flat`, counts_B per row."""
+  counts = np.asarray(counts_B, np.int64)
+  return flat, np.cumsum(counts) - counts, counts
+
+
+def _table_part(items: Sequence[bytes], index_B: np.ndarray):
+  """A part of every row: items[index_B[b]] for row b."""
+  sizes = np.fromiter(map(len, items), np.int64, len(items))
+  return (np.frombuffer(b"".join(items), np.uint8), (np.cumsum(sizes) - sizes)[index_B],
+          sizes[index_B])
+
+
+def _lookup_part(make, values_B: np.ndarray):
+  """A part of every row: make(values_B[b]), made once per distinct value."""
+  distinct, index = np.unique(values_B, return_inverse=True)
+  return _table_part([make(int(v)) for v in distinct], index.reshape(-1))
+
+
+def _concat_rows(parts) -> tuple[np.ndarray, np.ndarray]:
+  """(every row's parts in order, rows back to back; where each row starts).
+  A part is (flat uint8 source, start per row, count per row)."""
+  counts_BxS = np.stack([p[2] for p in parts], axis=1)
+  starts_BxS = (np.cumsum(counts_BxS.ravel()) - counts_BxS.ravel()).reshape(counts_BxS.shape)
+  out = np.empty(int(counts_BxS.sum()), np.uint8)
+  for s, (src, src_start, count) in enumerate(parts):
+    out[ragged_ranges(starts_BxS[:, s], count)] = src[ragged_ranges(src_start, count)]
+  return out, starts_BxS[:, 0]
 
 
 def _masked_crc(data: bytes) -> bytes:

@@ -57,14 +57,17 @@ class SpillWriter:
     keys = np.concatenate([np.zeros(0, self.dtype), *self._keys])
     parts = np.concatenate([np.zeros(0, np.int64), *self._parts])
     lengths = keys["length"].astype(np.int64)
-    starts = np.cumsum(lengths) - lengths
-    blob = b"".join(self._blobs)
+    # Each entry's buffer and its start there (the buffers are not joined:
+    # that would hold the spill twice).
+    blob_of = np.repeat(np.arange(len(self._keys)), [len(k) for k in self._keys])
+    blob_sizes = np.fromiter(map(len, self._blobs), np.int64, len(self._blobs))
+    starts = (np.cumsum(lengths) - lengths) - (np.cumsum(blob_sizes) - blob_sizes)[blob_of]
     order = np.lexsort([keys["key"], parts])  # By part, then by key.
     path = os.path.join(self.directory, f"run-{self.runs:05d}")
-    view = memoryview(blob)
+    views = [memoryview(b) for b in self._blobs]
     with open(path + ".bin", "wb") as f:
-      f.writelines([view[a:a + n] for a, n in zip(
-          starts[order].tolist(), lengths[order].tolist())])
+      f.writelines([views[b][a:a + n] for b, a, n in zip(
+          blob_of[order].tolist(), starts[order].tolist(), lengths[order].tolist())])
     keys[order].tofile(path + ".keys")
     counts = np.bincount(parts, minlength=self.num_parts)
     nbytes = np.bincount(parts, weights=lengths, minlength=self.num_parts)
