@@ -22,10 +22,12 @@ def test_notebook_runs_in_small_mode(tmp_path, monkeypatch):
   monkeypatch.setenv("BERTJAX_NOTEBOOK_WORKDIR", str(tmp_path / "workdir"))
   nb = nbformat.read(NOTEBOOK, as_version=4)
   # A failing cell raises CellExecutionError with the cell's traceback.
+  # Run from launch/, as a notebook opened from a clone: it uses that clone.
   NotebookClient(nb, timeout=600, kernel_name="python3",
-                 resources={"metadata": {"path": str(tmp_path)}}).execute()
+                 resources={"metadata": {"path": os.path.join(REPO, "launch")}}).execute()
   outputs = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
                     for o in c.outputs)
+  assert f"bertjax from {REPO} |" in outputs
   assert "finished at step 240 of 240" in outputs
   assert "After pretraining:" in outputs and "transformers:" in outputs
   assert "from random init" in outputs or "random init:" in outputs
