@@ -161,6 +161,19 @@ def test_one_and_two_workers_give_identical_bytes(setup, tmp_path):
   _same_files(setup["out1"], out2)
 
 
+@pytest.mark.parametrize("spill_bytes", [5000, 60000])
+def test_small_spills_give_identical_bytes(setup, tmp_path, spill_bytes):
+  """Many spill runs (of one or of several buffered batches), merged in small
+  blocks, give the bytes of one run per task."""
+  out = str(tmp_path / "small_spills")
+  config = dataclasses.replace(setup["config"], spill_bytes=spill_bytes)
+  creation.create_pretraining_data(setup["shards"], setup["spec"], config, out,
+                                   num_workers=1, source="test", show_progress=False)
+  _same_files(setup["out1"], out)
+  runs = [n for n in os.listdir(out) if n.endswith(".bin")]
+  assert not runs  # The spill runs are removed with _work/.
+
+
 @dataclasses.dataclass(frozen=True)
 class _DyingSpec(creation.TokenizerSpec):
   """Loads the tokenizer here, but kills the worker process that loads it."""

@@ -79,11 +79,9 @@ def padded(token_lists) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   return ids, mask, segments
 
 
-@pytest.fixture(scope="module")
-def compared(tmp_path_factory):
+def compare(root) -> dict:
   """Exports, bertjax's outputs, and what the PyTorch environment made of them."""
   python = torch_python()
-  root = tmp_path_factory.mktemp("torch_export")
   spec = {"tokenizers": {}, "models": {}}
   inputs, expected, tokens = {}, {}, {}
   runs = {}
@@ -132,12 +130,7 @@ def compared(tmp_path_factory):
   return dict(results=results, got=got, expected=expected, tokens=tokens, runs=runs)
 
 
-def test_environment_is_transformers_5_with_pytorch(compared):
-  assert int(compared["results"]["transformers"].split(".")[0]) == 5
-
-
-@pytest.mark.parametrize("name", ["uncased", "cased"])
-def test_auto_tokenizer_gives_bertjax_ids_on_real_text(compared, name):
+def check_tokenizer(compared, name):
   result = compared["results"]["tokenizers"][name]
   tok = compared["runs"][name]["tokenizer"]
   unk = tok.special_ids["unk"]
@@ -148,10 +141,7 @@ def test_auto_tokenizer_gives_bertjax_ids_on_real_text(compared, name):
   assert result["pad_token_id"] == tok.special_ids["pad"]
 
 
-@pytest.mark.parametrize("name", sorted(["uncased_AutoModel", "uncased_AutoModelForPreTraining",
-                                         "cased_AutoModel", "cased_AutoModelForPreTraining"]
-                                        + list(TASKS)))
-def test_auto_models_load_the_export_and_compute_what_bertjax_computes(compared, name):
+def check_model(compared, name):
   result = compared["results"]["models"][name]
   architecture = {"AutoModel": "BertModel", "AutoModelForPreTraining": "BertForPreTraining"}
   head = name.split("_", 1)[1] if name.startswith(("cased_", "uncased_")) else None
@@ -168,3 +158,17 @@ def test_auto_models_load_the_export_and_compute_what_bertjax_computes(compared,
   for key in outputs:
     np.testing.assert_allclose(compared["got"][key], compared["expected"][key], atol=1e-4,
                                err_msg=key)
+
+
+def test_transformers_5_with_pytorch_loads_the_exports_and_computes_what_bertjax_does(
+    tmp_path):
+  """One test, so that the exports are made once (xdist deals tests out one by one)."""
+  compared = compare(tmp_path)
+  assert int(compared["results"]["transformers"].split(".")[0]) == 5
+  for name in ("uncased", "cased"):
+    check_tokenizer(compared, name)
+  models = compared["results"]["models"]
+  assert sorted(models) == sorted([f"{c}_{a}" for c in ("cased", "uncased")
+                                   for a in PRETRAINING] + list(TASKS))
+  for name in models:
+    check_model(compared, name)
