@@ -307,6 +307,6 @@ def test_predict_mode_errors_name_the_field(vocab, tmp_path):
   with pytest.raises(ValueError, match=r"--config.mode='evaluate'"):
     downstream.finetune(config, str(tmp_path))
   config.mode = "predict"
-  with pytest.raises(ValueError, match=r"no such checkpoint directory"):
+  with pytest.raises(FileNotFoundError, match=r"--config.predict_from=.*no such checkpoint"):
     downstream.finetune(config, str(tmp_path))
   assert jax.process_count() == 1

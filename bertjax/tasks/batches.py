@@ -78,10 +78,10 @@ def _take(arrays: dict[str, np.ndarray], rows: np.ndarray,
   With `length`, arrays laid out like input_ids keep their first `length` positions."""
   real = rows >= 0
   picked = np.where(real, rows, 0)
-  ids = arrays["input_ids"]
   batch = {}
   for k, v in arrays.items():
-    per_position = length is not None and v.ndim == ids.ndim and v.shape[-1] == ids.shape[-1]
+    ids = arrays["input_ids"] if length is not None else None
+    per_position = ids is not None and v.ndim == ids.ndim and v.shape[-1] == ids.shape[-1]
     batch[k] = v[picked][..., :length] if per_position else v[picked]
   batch[WEIGHT_KEY] = real.astype(np.float32)
   return batch

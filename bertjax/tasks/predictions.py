@@ -50,6 +50,10 @@ def restore_for_prediction(task: registry.Task, path: str, max_seq_length: int, 
                            rules) -> tuple[Any, Any, BertConfig, dict]:
   """(state, shardings, model config, meta) of the fine-tuned checkpoint at `path`:
   the parameters only, placed on `mesh`; the architecture from its meta."""
+  if not fileio.isdir(path):
+    raise FileNotFoundError(f"--config.predict_from={path}: no such checkpoint directory; "
+                            "give a fine-tuning run's checkpoints directory (default: "
+                            "WORKDIR/checkpoints of the run in --workdir)")
   meta = ckpt_lib.read_meta(path)
   if "model" not in meta or "task" not in meta:
     raise ValueError(f"--config.predict_from={path}: not a fine-tuning checkpoint (its meta "
