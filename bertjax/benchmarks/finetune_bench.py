@@ -213,13 +213,15 @@ def main():
       seen.setdefault(batch["input_ids"].shape, batch)
     carries[name], _ = _time(step, carry, list(seen.values()))
     print(f"{name}: compile + {len(seen)} warm-up steps ({len(seen)} shapes) "
-          f"{time.perf_counter() - t0:.1f}s")
+          f"{time.perf_counter() - t0:.1f}s", flush=True)
   rates = {name: [] for name in runners}
   for r in range(args.rounds):
     for name, (step, _, stream) in runners.items():
       batches = stream[r * args.steps:(r + 1) * args.steps]
       carries[name], seconds = _time(step, carries[name], batches)
       rates[name].append(len(batches) * args.batch / seconds)
+    print(f"round {r + 1}: " + ", ".join(f"{name} {x[-1]:.1f}" for name, x in rates.items())
+          + " examples/s", flush=True)
   shapes = sorted({b["input_ids"].shape[1] for b in streams["bucketed"]})
   print(f"{jax.device_count()} x {jax.devices()[0].device_kind}; L={args.layers} "
         f"H={args.hidden} A={args.heads} F={args.intermediate} V={args.vocab}, "

@@ -7,7 +7,8 @@ max_query_length (squad_data). Dev scoring runs the original's n-best
 post-processing and the official evaluation (squad_postprocess, squad_eval)
 and writes predictions.json, nbest_predictions.json and, for v2.0,
 null_odds.json to the run's workdir; v2.0 results include the best
-null_score_diff_threshold found on dev.
+null_score_diff_threshold found on dev. load_test predicts any SQuAD-format
+JSON (config.predict_file) with the same post-processing and files.
 """
 
 import os
