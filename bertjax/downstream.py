@@ -11,11 +11,13 @@ import sys
 
 from absl import logging
 import jax
+import ml_collections
 
 from bertjax.convert import weights
 from bertjax.convert.weights import load_weights
 from bertjax.records import fileio
 from bertjax.tasks import loop
+from bertjax.tasks import predictions
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -74,11 +76,26 @@ def finetune(config, workdir: str, explicit=frozenset()) -> dict:
 
 
 def _run(config, workdir: str) -> dict:
+  """config.mode: train (fine-tune and score dev), predict (test-set files from the
+  checkpoint in predict_from or WORKDIR/checkpoints) or train_and_predict (the
+  test-set files from the run's final checkpoint; a sweep's best run's)."""
+  predictions.check_mode(config)
+  if config.mode == "predict":
+    return predictions.predict_test(config, workdir)
   if config.sweep.enabled:
-    return loop.sweep(config, workdir, weights_loader=load_weights)
-  if config.random_init_baseline:
-    return loop.compare_with_random_init(config, workdir, weights_loader=load_weights)
-  return loop.finetune_and_evaluate(config, workdir, weights_loader=load_weights)
+    result = loop.sweep(config, workdir, weights_loader=load_weights)
+    best_checkpoints = os.path.join(result["best"]["workdir"], "checkpoints")
+  elif config.random_init_baseline:
+    result = loop.compare_with_random_init(config, workdir, weights_loader=load_weights)
+    best_checkpoints = os.path.join(workdir, "pretrained", "checkpoints")
+  else:
+    result = loop.finetune_and_evaluate(config, workdir, weights_loader=load_weights)
+    best_checkpoints = os.path.join(workdir, "checkpoints")
+  if config.mode == "train_and_predict":
+    predict_config = ml_collections.ConfigDict(config.to_dict())
+    predict_config.predict_from = config.predict_from or best_checkpoints
+    result = dict(result, test=predictions.predict_test(predict_config, workdir))
+  return result
 
 
 def demo_config():

@@ -7,7 +7,10 @@
 writes checkpoints, TensorBoard events and DIR/results.json (final dev
 metrics). --config.sweep.enabled runs the learning-rate grid (and seeds),
 one run per subdirectory, and DIR/results.json reports the best with every
-run's figures.
+run's figures. --config.mode=predict writes test-set prediction files (GLUE
+submission TSVs, SQuAD predictions.json, ...) to DIR/predictions with the
+fine-tuned checkpoint in DIR/checkpoints (or --config.predict_from), no
+training; --config.mode=train_and_predict does both.
 """
 
 from absl import app

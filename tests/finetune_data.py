@@ -97,3 +97,41 @@ def write_sst2_token_presence(directory: str, num_train: int = 256, num_dev: int
       lines.append(f"{' '.join(words)}\t{i % 2}")
     _write(os.path.join(directory, name), lines)
   return directory
+
+
+# The test TSVs of GLUE's download (download_glue_data.py): a header, the index in
+# column 0, no label. task directory -> [(file, header columns, text columns)].
+_PAIR = ["index", "sentence1", "sentence2"]
+_MNLI_TEST = ["index", "promptID", "pairID", "genre", "sentence1_binary_parse",
+              "sentence2_binary_parse", "sentence1_parse", "sentence2_parse", "sentence1",
+              "sentence2"]
+GLUE_TEST_LAYOUTS = {
+    "CoLA": [("test.tsv", ["index", "sentence"], ["sentence"])],
+    "SST-2": [("test.tsv", ["index", "sentence"], ["sentence"])],
+    "MRPC": [("test.tsv", ["index", "#1 ID", "#2 ID", "#1 String", "#2 String"],
+              ["#1 String", "#2 String"])],
+    "STS-B": [("test.tsv", ["index", "genre", "filename", "year", "old_index", "source1",
+                            "source2", "sentence1", "sentence2"], ["sentence1", "sentence2"])],
+    "QQP": [("test.tsv", ["id", "question1", "question2"], ["question1", "question2"])],
+    "MNLI": [("test_matched.tsv", _MNLI_TEST, ["sentence1", "sentence2"]),
+             ("test_mismatched.tsv", _MNLI_TEST, ["sentence1", "sentence2"])],
+    "QNLI": [("test.tsv", ["index", "question", "sentence"], ["question", "sentence"])],
+    "RTE": [("test.tsv", _PAIR, ["sentence1", "sentence2"])],
+    "WNLI": [("test.tsv", _PAIR, ["sentence1", "sentence2"])],
+    "diagnostic": [("diagnostic.tsv", _PAIR, ["sentence1", "sentence2"])],
+}
+
+
+def write_glue_test(root: str, task_dir: str, texts: list[tuple[str, str]]) -> list[str]:
+  """task_dir's test TSV(s) under root/task_dir with `texts` (a, b; b unused by single-
+  sentence tasks) in GLUE's layout; indices 100, 101, ... Returns the files written."""
+  paths = []
+  for name, header, text_columns in GLUE_TEST_LAYOUTS[task_dir]:
+    lines = ["\t".join(header)]
+    for i, pair in enumerate(texts):
+      values = dict(zip(text_columns, pair))
+      lines.append("\t".join(str(100 + i) if column == header[0] else
+                             values.get(column, "x") for column in header))
+    paths.append(os.path.join(root, task_dir, name))
+    _write(paths[-1], lines)
+  return paths

@@ -10,9 +10,10 @@ which would clash with other tests' flags in the pytest process.
   python original_release.py read MAX_SEQ MAX_PRED OUT_NPZ FILE...
       The release's pretraining input_fn (run_pretraining.input_fn_builder,
       evaluation mode): every whole batch of 8 it yields, as arrays.
-  python original_release.py classify TASK DATA_DIR VOCAB MAX_SEQ OUT_NPZ
-      The release's run_classifier: TASK's (cola, mnli, mrpc) dev examples
-      as its processor reads them and convert_examples_to_features makes them.
+  python original_release.py classify TASK DATA_DIR VOCAB MAX_SEQ OUT_NPZ [SPLIT]
+      The release's run_classifier: TASK's (cola, mnli, mrpc) dev (or, with
+      SPLIT test, test) examples as its processor reads them and
+      convert_examples_to_features makes them.
 """
 
 import json
@@ -67,7 +68,7 @@ def read(max_seq, max_pred, out_npz, files):
   np.savez(out_npz, **{k: np.concatenate(v) for k, v in out.items()})
 
 
-def classify(task, data_dir, vocab, max_seq, out_npz):
+def classify(task, data_dir, vocab, max_seq, out_npz, split="dev"):
   for name in ("bert.modeling", "bert.optimization"):
     sys.modules[name] = types.ModuleType(name)
   from absl import flags  # pylint: disable=g-import-not-at-top
@@ -76,7 +77,8 @@ def classify(task, data_dir, vocab, max_seq, out_npz):
   flags.FLAGS.mark_as_parsed()
   processor = {"cola": run_classifier.ColaProcessor, "mnli": run_classifier.MnliProcessor,
                "mrpc": run_classifier.MrpcProcessor}[task]()
-  examples = processor.get_dev_examples(data_dir)
+  examples = (processor.get_test_examples(data_dir) if split == "test" else
+              processor.get_dev_examples(data_dir))
   features = run_classifier.convert_examples_to_features(
       examples, processor.get_labels(), int(max_seq),
       tokenization.FullTokenizer(vocab, do_lower_case=True))

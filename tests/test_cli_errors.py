@@ -29,6 +29,8 @@ def _run(module, *flags):
     ("bertjax.finetune", ["--config=configs/finetune/glue.py"], "--workdir"),
     ("bertjax.finetune", ["--config=configs/finetune/glue.py", "--config.model.nosuch=3",
                           "--workdir=WORKDIR"], "--config.model.nosuch"),
+    ("bertjax.finetune", ["--config=configs/finetune/glue.py", "--config.mode=predict",
+                          "--workdir=WORKDIR"], "--config.predict_from="),
     ("bertjax.main", ["--config=configs/tiny.py", "--config.nosuch=3", "--workdir=WORKDIR"],
      "--config.nosuch"),
     ("bertjax.convert.export", ["--checkpoint=WORKDIR/checkpoints", "--output=WORKDIR/out"],

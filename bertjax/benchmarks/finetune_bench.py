@@ -2,19 +2,36 @@
 FlaxBertForSequenceClassification with optax AdamW, same dimensions, in one process.
 
   python -m bertjax.benchmarks.finetune_bench [--hidden 256 --layers 4 --heads 4
-      --intermediate 1024 --vocab 30522 --seq 128 --batch 32] [--rounds 3 --steps 10]
+      --intermediate 1024 --vocab 30522 --seq 128 --batch 32] [--rounds 5 --steps 10]
+      [--data glue|random] [--min_bucket 32]
 
-Both train on the same random batches with dropout 0.1, gradient clipping at
-1.0 and AdamW with weight decay 0.01 (not on biases or LayerNorm), fp32 (or
---dtype bfloat16 for bertjax's compute and transformers' `dtype`). After one
-compiled warm-up step each, the two alternate --rounds times, --steps steps
-each; printed: median sequences/s of the rounds and the ratio.
+--data glue (the default) gives GLUE-like lengths from real text: sentences of
+the installed packages' docstrings (bertjax.benchmarks.corpus, no text
+repeated), every other example a single sentence (SST-2, CoLA) and the others
+two consecutive sentences of a document (MRPC, RTE, MNLI), tokenized with a
+WordPiece vocab trained on that text (at most --vocab tokens); the printed
+length percentiles show the spread (most under 40 tokens). --data random:
+random ids filling all --seq positions.
+
+Three runners train on these examples, in shuffled batches of --batch:
+  bertjax (buckets)      bertjax's fine-tuning input (tasks.batches.train_batches
+                         with length buckets from --min_bucket doubling up to --seq)
+  bertjax (fixed L)      the same step, every batch padded to --seq
+  transformers (fixed L) every batch padded to --seq, as run_flax_glue pads
+                         (pad_to_max_length)
+all with dropout 0.1, gradient clipping at 1.0 and AdamW with weight decay 0.01
+(not on biases or LayerNorm), fp32 (or --dtype bfloat16 for bertjax's compute
+and transformers' `dtype`). After a warm-up step on each shape the rounds
+meet (which compiles it), the runners alternate --rounds times, --steps steps
+each (the next batches of each runner's stream); printed: median and range of examples/s over the
+rounds, and the ratios to transformers.
 """
 
 import argparse
 import importlib.util
 import os
 import statistics
+import tempfile
 import time
 
 import jax
@@ -23,9 +40,14 @@ import ml_collections
 import numpy as np
 import optax
 
+from bertjax.benchmarks import corpus
 from bertjax.model import heads
 from bertjax.model.config import BertConfig
+from bertjax.tasks import batches as batches_lib
+from bertjax.tasks import features
 from bertjax.tasks import step as step_lib
+from bertjax.text import tokenization
+from bertjax.text import vocab as vocab_lib
 from bertjax.train import optimizer as opt_lib
 from bertjax.train import sharding as sharding_lib
 from bertjax.train import state as state_lib
@@ -42,17 +64,50 @@ def _mesh_config():
   return module.get_config().mesh
 
 
-def _batches(args, count):
+def random_examples(args, count: int) -> dict[str, np.ndarray]:
+  """`count` examples of random ids filling every position."""
   rng = np.random.default_rng(0)
-  out = []
-  for _ in range(count):
-    ids = rng.integers(5, args.vocab, (args.batch, args.seq)).astype(np.int32)
-    out.append({"input_ids": ids, "input_mask": np.ones_like(ids),
-                "segment_ids": (np.arange(args.seq) >= args.seq // 2).astype(np.int32)[None]
-                               .repeat(args.batch, 0),
-                "labels": rng.integers(0, 2, args.batch).astype(np.int32),
-                "weights": np.ones(args.batch, np.float32)})
-  return out
+  ids = rng.integers(5, args.vocab, (count, args.seq)).astype(np.int32)
+  return {"input_ids": ids, "input_mask": np.ones_like(ids),
+          "segment_ids": (np.arange(args.seq) >= args.seq // 2).astype(np.int32)[None]
+                         .repeat(count, 0),
+          "labels": rng.integers(0, 2, count).astype(np.int32)}
+
+
+def glue_like_examples(args, count: int) -> tuple[dict[str, np.ndarray], int]:
+  """(`count` examples of docstring sentences, the vocab's size): every other one a
+  single sentence, the others two consecutive sentences of one document."""
+  docs = corpus.docstring_corpus(args.corpus_mb << 20)
+  with tempfile.TemporaryDirectory() as tmp:
+    text_path, vocab_path = os.path.join(tmp, "text.txt"), os.path.join(tmp, "vocab.txt")
+    corpus.write_corpus(text_path, docs)
+    vocab_lib.build_wordpiece_vocab([text_path], vocab_path, vocab_size=args.vocab)
+    tokenizer = tokenization.load_tokenizer("wordpiece", vocab_path)
+  texts_a, texts_b = [], []
+  for doc in docs:
+    for i in range(0, len(doc) - 1, 2):
+      single = len(texts_a) % 2 == 0
+      texts_a.append(doc[i])
+      texts_b.append(None if single else doc[i + 1])
+      if len(texts_a) == count:
+        break
+    if len(texts_a) == count:
+      break
+  if len(texts_a) < count:
+    raise RuntimeError(f"the docstrings give {len(texts_a)} examples, fewer than {count}; "
+                       "raise --corpus_mb")
+  arrays = features.encode_pairs(tokenizer, texts_a, texts_b, args.seq)
+  arrays["labels"] = np.random.default_rng(0).integers(0, 2, count).astype(np.int32)
+  return arrays, tokenizer.vocab_size
+
+
+def batch_streams(args, arrays, num_steps: int) -> dict[str, list]:
+  """Each runner's batches: shuffled epochs of `arrays`, bucketed or at --seq."""
+  buckets = batches_lib.bucket_lengths(args.seq, args.min_bucket)
+  stream = dict(seed=0, num_steps=num_steps, process_index=0, process_count=1)
+  return {"bucketed": list(batches_lib.train_batches(arrays, args.batch, buckets=buckets,
+                                                     **stream)),
+          "fixed": list(batches_lib.train_batches(arrays, args.batch, **stream))}
 
 
 def _optimizer_config(args):
@@ -120,10 +175,10 @@ def transformers_step(args, config: BertConfig):
       model.params, tx.init(model.params), jnp.zeros([], jnp.int32))
 
 
-def _time(step, carry, batches, steps):
+def _time(step, carry, batches):
   t0 = time.perf_counter()
-  for i in range(steps):
-    carry, out = step(carry, batches[i % len(batches)])
+  for batch in batches:
+    carry, out = step(carry, batch)
   jax.block_until_ready(out)
   return carry, time.perf_counter() - t0
 
@@ -131,35 +186,55 @@ def _time(step, carry, batches, steps):
 def main():
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   for name, default in (("hidden", 256), ("layers", 4), ("heads", 4), ("intermediate", 1024),
-                        ("vocab", 30522), ("seq", 128), ("batch", 32), ("rounds", 3),
-                        ("steps", 10)):
+                        ("vocab", 30522), ("seq", 128), ("batch", 32), ("rounds", 5),
+                        ("steps", 10), ("min_bucket", 32), ("examples", 4096),
+                        ("corpus_mb", 3)):
     p.add_argument(f"--{name}", type=int, default=default)
   p.add_argument("--dtype", default="float32")
+  p.add_argument("--data", default="glue", choices=("glue", "random"))
   args = p.parse_args()
+  if args.data == "glue":
+    arrays, args.vocab = glue_like_examples(args, args.examples)
+  else:
+    arrays = random_examples(args, args.examples)
+  lengths = batches_lib.example_lengths(arrays)
   config = BertConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_layers=args.layers,
                       num_heads=args.heads, intermediate_size=args.intermediate,
-                      dtype=args.dtype)
-  batches = _batches(args, 4)
-  runners = {"bertjax": bertjax_step(args, config),
-             "transformers": transformers_step(args, config)}
+                      max_position_embeddings=max(512, args.seq), dtype=args.dtype)
+  streams = batch_streams(args, arrays, args.rounds * args.steps)
+  runners = {"bertjax (buckets)": (*bertjax_step(args, config), streams["bucketed"]),
+             "bertjax (fixed L)": (*bertjax_step(args, config), streams["fixed"]),
+             "transformers (fixed L)": (*transformers_step(args, config), streams["fixed"])}
   carries = {}
-  for name, (step, carry) in runners.items():
+  for name, (step, carry, stream) in runners.items():
     t0 = time.perf_counter()
-    carries[name], _ = _time(step, carry, batches, 1)
-    print(f"{name}: compile + first step {time.perf_counter() - t0:.1f}s")
+    seen = {}
+    for batch in stream:  # One step on each shape the rounds meet compiles it.
+      seen.setdefault(batch["input_ids"].shape, batch)
+    carries[name], _ = _time(step, carry, list(seen.values()))
+    print(f"{name}: compile + {len(seen)} warm-up steps ({len(seen)} shapes) "
+          f"{time.perf_counter() - t0:.1f}s", flush=True)
   rates = {name: [] for name in runners}
-  for _ in range(args.rounds):
-    for name, (step, _) in runners.items():
-      carries[name], seconds = _time(step, carries[name], batches, args.steps)
-      rates[name].append(args.steps * args.batch / seconds)
+  for r in range(args.rounds):
+    for name, (step, _, stream) in runners.items():
+      batches = stream[r * args.steps:(r + 1) * args.steps]
+      carries[name], seconds = _time(step, carries[name], batches)
+      rates[name].append(len(batches) * args.batch / seconds)
+    print(f"round {r + 1}: " + ", ".join(f"{name} {x[-1]:.1f}" for name, x in rates.items())
+          + " examples/s", flush=True)
+  shapes = sorted({b["input_ids"].shape[1] for b in streams["bucketed"]})
   print(f"{jax.device_count()} x {jax.devices()[0].device_kind}; L={args.layers} "
         f"H={args.hidden} A={args.heads} F={args.intermediate} V={args.vocab}, "
-        f"seq {args.seq}, batch {args.batch}, {args.dtype}")
+        f"max_seq_length {args.seq}, batch {args.batch}, {args.dtype}; {args.rounds} rounds "
+        f"of {args.steps} steps")
+  print(f"data {args.data}: {len(lengths)} examples, tokens per example p10/p50/p90/max "
+        f"{'/'.join(str(int(np.percentile(lengths, q))) for q in (10, 50, 90, 100))}, "
+        f"{(lengths < 40).mean():.0%} under 40; bucketed batch lengths used {shapes}")
+  reference = statistics.median(rates["transformers (fixed L)"])
   for name, r in rates.items():
-    print(f"{name:>12}: {statistics.median(r):8.1f} sequences/s (rounds: "
-          f"{', '.join(f'{x:.1f}' for x in r)})")
-  print(f"bertjax / transformers: "
-        f"{statistics.median(rates['bertjax']) / statistics.median(rates['transformers']):.2f}x")
+    median = statistics.median(r)
+    print(f"{name:>23}: {median:8.1f} examples/s (range {min(r):.1f}-{max(r):.1f}), "
+          f"{median / reference:.2f}x transformers")
 
 
 if __name__ == "__main__":

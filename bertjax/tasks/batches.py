@@ -3,6 +3,14 @@
 Both are pure functions of their arguments, so every host computes the same
 global batch and takes its own rows: host h of H takes rows [h*b, (h+1)*b)
 of each global batch of B = H*b rows.
+
+Length bucketing (`buckets`, from bucket_lengths): each global batch is cut
+to the shortest bucket length that holds its longest example, so a batch of
+short sentences runs on a short shape and the model compiles once per
+bucket, not once per batch. Evaluation then visits the examples sorted by
+length (every one once; `predict` puts the outputs back in order); training
+keeps each epoch's shuffled example set and reorders it so that batches hold
+examples of similar length (bucketed_epoch_order).
 """
 
 from typing import Iterator, Optional
@@ -24,10 +32,57 @@ def _process(index: Optional[int], count: Optional[int], global_batch_size: int)
   return index, count
 
 
-def _take(arrays: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
-  """Rows of every array; a row of -1 is padding (row 0's values, weight 0)."""
+def bucket_lengths(max_seq_length: int, min_length: int) -> tuple[int, ...]:
+  """min_length, doubling while below max_seq_length, then max_seq_length
+  (32, 64, 128 for 128 from 32); () when min_length is 0 (no bucketing)."""
+  if min_length <= 0:
+    return ()
+  out = []
+  length = min_length
+  while length < max_seq_length:
+    out.append(length)
+    length *= 2
+  return (*out, max_seq_length)
+
+
+def buckets_of(config) -> tuple[int, ...]:
+  """The fine-tuning config's bucket lengths: () with config.bucketing.enabled False."""
+  if not config.bucketing.enabled:
+    return ()
+  if config.bucketing.min_length <= 0:
+    raise ValueError(f"--config.bucketing.min_length={config.bucketing.min_length}: must be "
+                     "positive (or set --config.bucketing.enabled=False)")
+  return bucket_lengths(config.max_seq_length, config.bucketing.min_length)
+
+
+def example_lengths(arrays: dict[str, np.ndarray]) -> np.ndarray:
+  """Positions up to each example's last real token (input_mask 1); the longest
+  of its sequences for an example of several (multiple choice)."""
+  mask = arrays["input_mask"]
+  flat = mask.reshape(len(mask), -1, mask.shape[-1]) != 0
+  last = mask.shape[-1] - np.argmax(flat[..., ::-1], axis=-1)
+  return np.where(flat.any(-1), last, 0).max(-1).astype(np.int64)
+
+
+def padded_length(lengths: np.ndarray, buckets: tuple[int, ...]) -> Optional[int]:
+  """The shortest bucket that holds every length (None: no bucketing)."""
+  if not buckets:
+    return None
+  longest = int(lengths.max()) if len(lengths) else 0
+  return next((b for b in buckets if b >= longest), buckets[-1])
+
+
+def _take(arrays: dict[str, np.ndarray], rows: np.ndarray,
+          length: Optional[int] = None) -> dict[str, np.ndarray]:
+  """Rows of every array; a row of -1 is padding (row 0's values, weight 0).
+  With `length`, arrays laid out like input_ids keep their first `length` positions."""
   real = rows >= 0
-  batch = {k: v[np.where(real, rows, 0)] for k, v in arrays.items()}
+  picked = np.where(real, rows, 0)
+  batch = {}
+  for k, v in arrays.items():
+    ids = arrays["input_ids"] if length is not None else None
+    per_position = ids is not None and v.ndim == ids.ndim and v.shape[-1] == ids.shape[-1]
+    batch[k] = v[picked][..., :length] if per_position else v[picked]
   batch[WEIGHT_KEY] = real.astype(np.float32)
   return batch
 
@@ -37,43 +92,92 @@ def train_steps(num_examples: int, global_batch_size: int, num_epochs: float) ->
   return int(num_examples / global_batch_size * num_epochs)
 
 
+def bucketed_epoch_order(lengths: np.ndarray, global_batch_size: int, seed: int, epoch: int,
+                         group_batches: int) -> np.ndarray:
+  """Epoch `epoch`'s shuffled examples (epoch_order's, the same set) reordered so
+  that each global batch holds examples of similar length.
+
+  The first full batch of the epoch starts f = (-epoch * n) % B rows in (the
+  rows before it complete the previous epoch's last batch). From there, runs of
+  group_batches * B shuffled examples are sorted by length, cut into batches,
+  and the epoch's full batches are shuffled, so long and short batches mix
+  over the epoch; the few rows before f and after the last full batch keep
+  their shuffled order. A pure function of its arguments.
+  """
+  n = len(lengths)
+  order = epoch_order(n, seed, epoch).astype(np.int64)
+  first = min((-epoch * n) % global_batch_size, n)
+  full = (n - first) // global_batch_size
+  body = order[first:first + full * global_batch_size]
+  group = max(group_batches, 1) * global_batch_size
+  chunks = []
+  for start in range(0, len(body), group):
+    run = body[start:start + group]
+    run = run[np.argsort(lengths[run], kind="stable")]
+    chunks.extend(np.split(run, len(run) // global_batch_size))
+  rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed % 2**64, epoch, 1])))
+  shuffled = [chunks[i] for i in rng.permutation(len(chunks))]
+  return np.concatenate([order[:first], *shuffled, order[first + len(body):]])
+
+
 def train_batches(arrays: dict[str, np.ndarray], global_batch_size: int, *, seed: int,
-                  start_step: int = 0, num_steps: int,
+                  start_step: int = 0, num_steps: int, buckets: tuple[int, ...] = (),
+                  group_batches: int = 50,
                   process_index: Optional[int] = None, process_count: Optional[int] = None
                   ) -> Iterator[dict[str, np.ndarray]]:
   """Steps [start_step, num_steps) of a stream of shuffled epochs, epoch after epoch.
 
   Batch s holds positions [s*B, (s+1)*B) of the stream; epoch e is
-  epoch_order(n, seed, e), so a resumed run continues with the same rows.
+  epoch_order(n, seed, e) (with buckets, bucketed_epoch_order's reordering of
+  it, each batch cut to its bucket length), so a resumed run continues with
+  the same rows.
   """
   index, count = _process(process_index, process_count, global_batch_size)
   n = len(next(iter(arrays.values())))
   if n == 0:
     raise ValueError("the training split has no examples")
   b = global_batch_size // count
+  lengths = example_lengths(arrays) if buckets else None
   orders: dict[int, np.ndarray] = {}
   for step in range(start_step, num_steps):
-    pos = step * global_batch_size + index * b + np.arange(b, dtype=np.int64)
+    pos = step * global_batch_size + np.arange(global_batch_size, dtype=np.int64)
     epochs, within = np.divmod(pos, n)
-    rows = np.empty(b, np.int64)
+    rows = np.empty(global_batch_size, np.int64)
     for e in np.unique(epochs):
       if int(e) not in orders:
-        orders = {int(e): epoch_order(n, seed, int(e))}
+        orders = {int(e): epoch_order(n, seed, int(e)) if lengths is None else
+                  bucketed_epoch_order(lengths, global_batch_size, seed, int(e), group_batches)}
       rows[epochs == e] = orders[int(e)][within[epochs == e]]
-    yield _take(arrays, rows)
+    length = None if lengths is None else padded_length(lengths[rows], buckets)
+    yield _take(arrays, rows[index * b:(index + 1) * b], length)
 
 
 def num_eval_batches(num_examples: int, global_batch_size: int) -> int:
   return -(-num_examples // global_batch_size)
 
 
+def eval_order(arrays: dict[str, np.ndarray], buckets: tuple[int, ...] = ()) -> np.ndarray:
+  """The order eval_batches visits the rows in: as they are, or with buckets
+  by length (shortest first; equal lengths in their order)."""
+  n = len(next(iter(arrays.values())))
+  if not buckets:
+    return np.arange(n, dtype=np.int64)
+  return np.argsort(example_lengths(arrays), kind="stable").astype(np.int64)
+
+
 def eval_batches(arrays: dict[str, np.ndarray], global_batch_size: int, *,
+                 buckets: tuple[int, ...] = (),
                  process_index: Optional[int] = None, process_count: Optional[int] = None
                  ) -> Iterator[dict[str, np.ndarray]]:
-  """Every row once, in order; the last global batch is padded with weight-0 rows."""
+  """Every row once, in eval_order; the last global batch is padded with weight-0
+  rows. With buckets, each batch is cut to its bucket length."""
   index, count = _process(process_index, process_count, global_batch_size)
-  n = len(next(iter(arrays.values())))
+  order = eval_order(arrays, buckets)
+  n = len(order)
+  lengths = example_lengths(arrays) if buckets else None
   b = global_batch_size // count
   for step in range(num_eval_batches(n, global_batch_size)):
-    pos = step * global_batch_size + index * b + np.arange(b, dtype=np.int64)
-    yield _take(arrays, np.where(pos < n, pos, -1))
+    pos = step * global_batch_size + np.arange(global_batch_size, dtype=np.int64)
+    rows = np.where(pos < n, order[np.minimum(pos, n - 1)], -1)
+    length = None if lengths is None else padded_length(lengths[rows[rows >= 0]], buckets)
+    yield _take(arrays, rows[index * b:(index + 1) * b], length)

@@ -24,8 +24,10 @@ FILES = {"train": "train.txt", "dev": "valid.txt"}
 TFDS_NAME = "conll2003"  # Its splits carry this module's split names, train and dev.
 
 
-def read_sentences(path: str) -> tuple[list[list[str]], list[list[str]], list[list[str]]]:
-  """(words, tags, "path:line" of each word) per sentence."""
+def read_sentences(path: str, labelled: bool = True
+                   ) -> tuple[list[list[str]], list[list[str]], list[list[str]]]:
+  """(words, tags, "path:line" of each word) per sentence. Unlabelled, a line
+  may hold the word alone (its tag is then "")."""
   sentences, words, tags, where = [], [], [], []
   for line_no, line in enumerate(fileio.read_text(path).splitlines() + [""], start=1):
     parts = line.split()
@@ -34,10 +36,10 @@ def read_sentences(path: str) -> tuple[list[list[str]], list[list[str]], list[li
         sentences.append((words, tags, where))
         words, tags, where = [], [], []
       continue
-    if len(parts) < 2:
+    if len(parts) < 2 and labelled:
       raise ValueError(f"{path}:{line_no}: expected 'word ... tag', got {line!r}")
     words.append(parts[0])
-    tags.append(parts[-1])
+    tags.append(parts[-1] if len(parts) > 1 else "")
     where.append(f"{path}:{line_no}")
   return ([s[0] for s in sentences], [s[1] for s in sentences], [s[2] for s in sentences])
 
@@ -86,11 +88,43 @@ def encode(tokenizer, words: list[list[str]], tag_ids: list[np.ndarray], max_seq
   return arrays, first_positions
 
 
-def score(gold: list[list[str]], first_positions, logits_NxLxC) -> dict[str, float]:
+def predicted_tags(first_positions, logits_NxLxC) -> list[list[str]]:
+  """Each word's tag: its first sub-token's best label ("O" past max_seq_length)."""
   predicted_ids = np.argmax(logits_NxLxC, axis=-1)
-  predicted = [[LABELS[predicted_ids[i, p]] if p >= 0 else "O" for p in positions]
-               for i, positions in enumerate(first_positions)]
-  return metrics.span_f1(gold, predicted)
+  return [[LABELS[predicted_ids[i, p]] if p >= 0 else "O" for p in positions]
+          for i, positions in enumerate(first_positions)]
+
+
+def score(gold: list[list[str]], first_positions, logits_NxLxC) -> dict[str, float]:
+  return metrics.span_f1(gold, predicted_tags(first_positions, logits_NxLxC))
+
+
+PREDICTIONS = "conll2003_predictions.txt"
+
+
+def load_test(tokenizer, config) -> list[Split]:
+  """config.predict_file, else data_dir/test.txt: words in the first column (tags,
+  if any, are not read). Its Split's score(outputs, output_dir=) writes
+  PREDICTIONS: "word tag" per line, a blank line after each sentence."""
+  path = config.predict_file or os.path.join(config.data_dir, "test.txt")
+  if not config.predict_file and not config.data_dir:
+    raise ValueError("--config.predict_file: give the CoNLL-format file to predict "
+                     "(or --config.data_dir holding test.txt)")
+  if not fileio.exists(path):
+    raise FileNotFoundError(f"{path}: no such file (--config.predict_file or "
+                            "--config.data_dir's test.txt)")
+  words, _, _ = read_sentences(path, labelled=False)
+  no_tags = [np.zeros(len(w), np.int32) for w in words]
+  arrays, first_positions = encode(tokenizer, words, no_tags, config.max_seq_length)
+
+  def write(outputs, output_dir=None):
+    tags = predicted_tags(first_positions, outputs)
+    if output_dir is not None:
+      lines = [line for ws, ts in zip(words, tags)
+               for line in [*(f"{w} {t}" for w, t in zip(ws, ts)), ""]]
+      fileio.write_text(os.path.join(output_dir, PREDICTIONS), "\n".join(lines))
+    return {"sentences": len(words)}
+  return [Split("test", arrays, write, writes_outputs=True, per_position_outputs=True)]
 
 
 def load(split: str, tokenizer, config) -> Split:
@@ -107,4 +141,5 @@ def load(split: str, tokenizer, config) -> Split:
     words, tags, where = read_tfds(split, config.tfds_data_dir)
   tag_ids = [label_ids(t, LABELS, w, "conll2003") for t, w in zip(tags, where)]
   arrays, first_positions = encode(tokenizer, words, tag_ids, config.max_seq_length)
-  return Split(split, arrays, functools.partial(score, tags, first_positions))
+  return Split(split, arrays, functools.partial(score, tags, first_positions),
+               per_position_outputs=True)

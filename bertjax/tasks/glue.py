@@ -2,7 +2,11 @@
 
 TSV columns are those of the GLUE distribution (download_glue_data.py) as
 the original release's and Hugging Face's processors read them; MNLI is
-scored on dev_matched.tsv and dev_mismatched.tsv. From TFDS, integer labels
+scored on dev_matched.tsv and dev_mismatched.tsv. Test sets (load_test) are
+the distribution's test TSVs, each with a header and its index in column 0;
+their predictions go to the GLUE benchmark's submission files (CoLA.tsv,
+MNLI-m.tsv, ..., AX.tsv from the MNLI model on diagnostic.tsv), one
+"index<TAB>prediction" row per test row under that header. From TFDS, integer labels
 become the TSV label strings (the index for the "0"/"1" tasks, the class
 name for the NLI tasks), so both sources give the same label ids.
 """
@@ -24,6 +28,15 @@ from bertjax.tasks.split import Split, label_ids
 
 
 @dataclasses.dataclass(frozen=True)
+class TestFile:
+  """One GLUE test TSV (header, index in column 0) and its submission file."""
+  tsv: str
+  submission: str
+  text_a: int
+  text_b: Optional[int]
+
+
+@dataclasses.dataclass(frozen=True)
 class GlueTask:
   """One GLUE task: its label set, metrics and where its fields are."""
   name: str
@@ -37,6 +50,7 @@ class GlueTask:
   tfds_name: str
   tfds_fields: tuple[str, Optional[str]]
   dev: dict[str, tuple[str, str]]  # Dev split name -> (TSV file, TFDS split).
+  test: dict[str, TestFile]  # Test split name -> its TSV and submission file.
 
   @property
   def kind(self) -> str:
@@ -62,27 +76,38 @@ GLUE_DIRS = {"cola": "CoLA", "sst2": "SST-2", "mrpc": "MRPC", "stsb": "STS-B", "
 _DEV = {"dev": ("dev.tsv", "validation")}
 _BINARY = ("0", "1")
 _NLI = ("entailment", "not_entailment")
+
+
+def _test(submission: str, text_a: int, text_b: Optional[int]) -> dict[str, TestFile]:
+  return {"test": TestFile("test.tsv", submission, text_a, text_b)}
+
+
+# The GLUE diagnostic set (AX): index, sentence1, sentence2; predicted by the MNLI model.
+AX = TestFile("diagnostic.tsv", "AX.tsv", 1, 2)
 TASKS = {t.name: t for t in (
     GlueTask("cola", _BINARY, ("matthews", "accuracy"), "matthews", False, 3, None, 1,
-             "glue/cola", ("sentence", None), _DEV),
+             "glue/cola", ("sentence", None), _DEV, _test("CoLA.tsv", 1, None)),
     GlueTask("sst2", _BINARY, ("accuracy",), "accuracy", True, 0, None, 1,
-             "glue/sst2", ("sentence", None), _DEV),
+             "glue/sst2", ("sentence", None), _DEV, _test("SST-2.tsv", 1, None)),
     GlueTask("mrpc", _BINARY, ("f1", "accuracy"), "f1", True, 3, 4, 0,
-             "glue/mrpc", ("sentence1", "sentence2"), _DEV),
+             "glue/mrpc", ("sentence1", "sentence2"), _DEV, _test("MRPC.tsv", 3, 4)),
     GlueTask("stsb", (), ("spearman", "pearson"), "spearman", True, 7, 8, -1,
-             "glue/stsb", ("sentence1", "sentence2"), _DEV),
+             "glue/stsb", ("sentence1", "sentence2"), _DEV, _test("STS-B.tsv", 7, 8)),
     GlueTask("qqp", _BINARY, ("f1", "accuracy"), "f1", True, 3, 4, 5,
-             "glue/qqp", ("question1", "question2"), _DEV),
+             "glue/qqp", ("question1", "question2"), _DEV, _test("QQP.tsv", 1, 2)),
     GlueTask("mnli", ("contradiction", "entailment", "neutral"), ("accuracy",), "accuracy",
              True, 8, 9, -1, "glue/mnli", ("premise", "hypothesis"),
              {"dev_matched": ("dev_matched.tsv", "validation_matched"),
-              "dev_mismatched": ("dev_mismatched.tsv", "validation_mismatched")}),
+              "dev_mismatched": ("dev_mismatched.tsv", "validation_mismatched")},
+             {"test_matched": TestFile("test_matched.tsv", "MNLI-m.tsv", 8, 9),
+              "test_mismatched": TestFile("test_mismatched.tsv", "MNLI-mm.tsv", 8, 9),
+              "ax": AX}),
     GlueTask("qnli", _NLI, ("accuracy",), "accuracy", True, 1, 2, -1,
-             "glue/qnli", ("question", "sentence"), _DEV),
+             "glue/qnli", ("question", "sentence"), _DEV, _test("QNLI.tsv", 1, 2)),
     GlueTask("rte", _NLI, ("accuracy",), "accuracy", True, 1, 2, -1,
-             "glue/rte", ("sentence1", "sentence2"), _DEV),
+             "glue/rte", ("sentence1", "sentence2"), _DEV, _test("RTE.tsv", 1, 2)),
     GlueTask("wnli", _BINARY, ("accuracy",), "accuracy", True, 1, 2, -1,
-             "glue/wnli", ("sentence1", "sentence2"), _DEV),
+             "glue/wnli", ("sentence1", "sentence2"), _DEV, _test("WNLI.tsv", 1, 2)),
 )}
 
 
@@ -169,6 +194,106 @@ def make_split(task: GlueTask, name: str, rows: Rows, tokenizer,
   return Split(name, arrays, score)
 
 
+def _task_file(task: GlueTask, data_dir: str, name: str) -> str:
+  """data_dir/name, else data_dir/<task's GLUE directory>/name (data_dir is the GLUE root)."""
+  path = os.path.join(data_dir, name)
+  in_root = os.path.join(data_dir, GLUE_DIRS[task.name], name)
+  if not fileio.exists(path) and fileio.exists(in_root):
+    return in_root
+  if not fileio.exists(path):
+    raise FileNotFoundError(f"--config.data_dir={data_dir}: no {name} for task "
+                            f"{task.name}, nor {GLUE_DIRS[task.name]}/{name} (the GLUE "
+                            "distribution's layout: a task's directory or the root)")
+  return path
+
+
+def read_test_tsv(test: TestFile, path: str) -> tuple[list[str], Rows]:
+  """(each row's index, its texts) of a GLUE test TSV; a row too short for its
+  texts is refused (a submission needs every row)."""
+  reader = csv.reader(io.StringIO(fileio.read_text(path)), delimiter="\t", quotechar=None)
+  index, rows = [], Rows([], [] if test.text_b is not None else None, [], [])
+  needed = max(test.text_a, test.text_b or 0) + 1
+  for line_no, line in enumerate(reader, start=1):
+    if line_no == 1:
+      continue  # Every GLUE test file starts with its column names.
+    if len(line) < needed:
+      raise ValueError(f"{path}:{line_no}: {len(line)} columns; {test.tsv} rows hold the "
+                       f"index and their texts in {needed} columns or more")
+    index.append(line[0])
+    rows.text_a.append(line[test.text_a])
+    if rows.text_b is not None:
+      rows.text_b.append(line[test.text_b])
+    rows.where.append(f"{path}:{line_no}")
+  return index, rows
+
+
+def _ax_path(data_dir: str) -> Optional[str]:
+  """The diagnostic set: diagnostic.tsv or AX.tsv in data_dir, or diagnostic/diagnostic.tsv
+  in data_dir or beside it (the GLUE distribution's layout)."""
+  for path in (os.path.join(data_dir, "diagnostic.tsv"), os.path.join(data_dir, "AX.tsv"),
+               os.path.join(data_dir, "diagnostic", "diagnostic.tsv"),
+               os.path.join(os.path.dirname(os.path.normpath(data_dir)), "diagnostic",
+                            "diagnostic.tsv")):
+    if fileio.exists(path):
+      return path
+  return None
+
+
+def submission_lines(task: GlueTask, index: list[str], outputs: np.ndarray) -> list[str]:
+  """The GLUE benchmark's submission rows: header, then index and the predicted
+  label string (a score with three decimals for STS-B)."""
+  outputs = np.asarray(outputs)
+  if task.labels:
+    predicted = [task.labels[i] for i in np.argmax(outputs, axis=-1)]
+  else:
+    predicted = [f"{x:.3f}" for x in outputs.reshape(-1)]
+  return ["index\tprediction", *(f"{i}\t{p}" for i, p in zip(index, predicted))]
+
+
+def load_test(task: GlueTask, tokenizer, max_seq_length: int, data_dir: str,
+              predict_file: str = "") -> list[Split]:
+  """The task's test sets from data_dir's GLUE test TSVs (MNLI: matched, mismatched
+  and, where found, the diagnostic set), or predict_file alone in the layout of
+  the task's first test TSV. Each Split's score(outputs, output_dir=) writes its
+  submission file and returns its row count."""
+  if predict_file:
+    name, test = next(iter(task.test.items()))
+    if not fileio.exists(predict_file):
+      raise FileNotFoundError(f"--config.predict_file={predict_file}: no such file")
+    index, rows = read_test_tsv(test, predict_file)
+    return [_test_split(task, name, test, index, rows, tokenizer, max_seq_length)]
+  if not data_dir:
+    raise ValueError(f"--config.data_dir: GLUE test predictions read the test TSVs of "
+                     f"GLUE's download; set it to {GLUE_DIRS[task.name]}/ or the GLUE root")
+  splits = []
+  for name, test in task.test.items():
+    if test is AX:
+      path = _ax_path(data_dir)
+      if path is None:
+        logging.warning("No diagnostic.tsv in or beside %s: AX.tsv (the diagnostic set, "
+                        "predicted with the MNLI model) is not written.", data_dir)
+        continue
+    else:
+      path = _task_file(task, data_dir, test.tsv)
+    index, rows = read_test_tsv(test, path)
+    splits.append(_test_split(task, name, test, index, rows, tokenizer, max_seq_length))
+  return splits
+
+
+def _test_split(task, name, test, index, rows, tokenizer, max_seq_length) -> Split:
+  arrays = features.encode_pairs(tokenizer, rows.text_a, rows.text_b, max_seq_length)
+  return Split(name, arrays, functools.partial(_write_submission, task, test, index),
+               writes_outputs=True)
+
+
+def _write_submission(task: GlueTask, test: TestFile, index: list[str], outputs,
+                      output_dir: Optional[str] = None) -> dict[str, float]:
+  if output_dir is not None:
+    fileio.write_text(os.path.join(output_dir, test.submission),
+                      "\n".join(submission_lines(task, index, outputs)) + "\n")
+  return {"rows": len(index)}
+
+
 def load(task: GlueTask, split: str, tokenizer, max_seq_length: int, data_dir: str = "",
          tfds_data_dir: str = "") -> Split:
   """`split` is "train" or one of task.dev. With data_dir, reads its TSVs; else TFDS."""
@@ -177,15 +302,7 @@ def load(task: GlueTask, split: str, tokenizer, max_seq_length: int, data_dir: s
                      f"{['train', *task.dev]}")
   tsv, tfds_split = ("train.tsv", "train") if split == "train" else task.dev[split]
   if data_dir:
-    path = os.path.join(data_dir, tsv)
-    in_root = os.path.join(data_dir, GLUE_DIRS[task.name], tsv)
-    if not fileio.exists(path) and fileio.exists(in_root):
-      path = in_root  # data_dir is the GLUE root, with a directory per task.
-    if not fileio.exists(path):
-      raise FileNotFoundError(f"--config.data_dir={data_dir}: no {tsv} for task "
-                              f"{task.name}, nor {GLUE_DIRS[task.name]}/{tsv} (the GLUE "
-                              "distribution's layout: a task's directory or the root)")
-    rows = read_tsv(task, path)
+    rows = read_tsv(task, _task_file(task, data_dir, tsv))
   else:
     rows = read_tfds(task, tfds_split, tfds_data_dir)
   return make_split(task, split, rows, tokenizer, max_seq_length)

@@ -130,21 +130,49 @@ def _initial_state(config, prepared, model, tx, mesh, rules, checkpointer, init,
   return state, shardings, None
 
 
-def predict(predict_fn, state, split: Split, batch_size: int, sharding):
-  """The model's outputs for every example of `split`, in order (padding dropped)."""
+# Per-position outputs past a bucketed batch's length (no token there).
+NO_TOKEN_LOGIT = -1e9
+
+
+def predict(predict_fn, state, split: Split, batch_size: int, sharding,
+            buckets: tuple[int, ...] = ()):
+  """The model's outputs for every example of `split`, in order (padding dropped).
+
+  Batches are dispatched without waiting; their outputs stay on the devices
+  and are read back once at the end. With `buckets` (batches.bucket_lengths)
+  the examples go through sorted by length, each batch cut to its bucket, and
+  come back in the split's order; a split with per_position_outputs gets its
+  positions past the batch's length filled with NO_TOKEN_LOGIT.
+  """
   n = len(split)
-  outs = []
-  for batch in batches_lib.eval_batches(split.arrays, batch_size):
-    outs.append(jax.device_get(predict_fn(state, pipeline.to_global(batch, sharding))))
-  return jax.tree.map(lambda *xs: np.concatenate(xs)[:n], *outs)
+  order = batches_lib.eval_order(split.arrays, buckets)
+  on_device = [predict_fn(state, pipeline.to_global(batch, sharding))
+               for batch in batches_lib.eval_batches(split.arrays, batch_size,
+                                                     buckets=buckets)]
+  outs = jax.device_get(on_device)
+  if buckets and split.per_position_outputs:
+    full = split.arrays["input_ids"].shape[-1]
+    outs = [jax.tree.map(lambda x: np.pad(
+        x, [(0, 0), (0, full - x.shape[1])] + [(0, 0)] * (x.ndim - 2),
+        constant_values=NO_TOKEN_LOGIT), out) for out in outs]
+  if not outs:
+    raise ValueError(f"split {split.name} has no examples to predict")
+  flat = jax.tree.map(lambda *xs: np.concatenate(xs)[:n], *outs)
+  return jax.tree.map(lambda x: _in_order(x, order), flat)
+
+
+def _in_order(x: np.ndarray, order: np.ndarray) -> np.ndarray:
+  out = np.empty_like(x)
+  out[order] = x
+  return out
 
 
 def evaluate(predict_fn, state, dev: list[Split], batch_size: int, sharding,
-             output_dir: str) -> dict:
+             output_dir: str, buckets: tuple[int, ...] = ()) -> dict:
   """Metrics of every dev split; tasks that write prediction files do so in output_dir."""
   result = {}
   for split in dev:
-    outputs = predict(predict_fn, state, split, batch_size, sharding)
+    outputs = predict(predict_fn, state, split, batch_size, sharding, buckets)
     if split.writes_outputs:
       scores = split.score(outputs, output_dir=output_dir if jax.process_index() == 0 else None)
     else:
@@ -206,7 +234,9 @@ def finetune_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       t0 = time.perf_counter()
       for batch in batches_lib.train_batches(train.arrays, config.global_batch_size,
                                              seed=config.seed, start_step=step,
-                                             num_steps=num_steps):
+                                             num_steps=num_steps,
+                                             buckets=batches_lib.buckets_of(config),
+                                             group_batches=config.bucketing.group_batches):
         state, metrics = p_train(state, pipeline.to_global(batch, sharding), dropout_rng)
         step += 1
         step_metrics.add(step, metrics)
@@ -219,7 +249,7 @@ def finetune_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       step_metrics.drain_for_save(step)
       checkpointer.save(state, dict(meta, nonfinite=step_metrics.counts()))
       dev = evaluate(p_predict, state, prepared.dev, config.eval_batch_size, sharding,
-                     workdir)
+                     workdir, batches_lib.buckets_of(config))
     for name, m in dev.items():
       logger.write(num_steps, {k: v for k, v in m.items() if k != "num_examples"},
                    prefix=f"dev_{name}")

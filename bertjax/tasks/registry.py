@@ -29,23 +29,29 @@ class Task:
   num_choices: int = 0  # Multiple choice only.
   labels: tuple[str, ...] = ()  # Label names in output order (classification, token).
   configure: Optional[Callable[[Any], None]] = None  # Fills task defaults into the config.
+  # (tokenizer, config) -> the test sets to predict, each a Split whose
+  # score(outputs, output_dir=) writes its prediction files; None: no test set.
+  load_test: Optional[Callable[[Any, Any], list[Split]]] = None
 
 
 def _glue(t: glue.GlueTask) -> Task:
   def load(split, tokenizer, config):
     return glue.load(t, split, tokenizer, config.max_seq_length, config.data_dir,
                      config.tfds_data_dir)
+  def load_test(tokenizer, config):
+    return glue.load_test(t, tokenizer, config.max_seq_length, config.data_dir,
+                          config.predict_file)
   return Task(t.name, t.kind, max(len(t.labels), 1), tuple(t.dev), t.primary, load,
-              labels=t.labels)
+              labels=t.labels, load_test=load_test)
 
 
 TASKS: dict[str, Task] = {name: _glue(t) for name, t in glue.TASKS.items()}
 TASKS["conll2003"] = Task("conll2003", "token", len(conll.LABELS), ("dev",), "f1", conll.load,
-                          labels=conll.LABELS)
+                          labels=conll.LABELS, load_test=conll.load_test)
 TASKS["swag"] = Task("swag", "multiple_choice", 1, ("dev",), "accuracy", swag.load,
-                     num_choices=swag.NUM_CHOICES)
+                     num_choices=swag.NUM_CHOICES, load_test=swag.load_test)
 TASKS["squad"] = Task("squad", "span", 2, ("dev",), "f1", squad.load,
-                      configure=squad.apply_version_defaults)
+                      configure=squad.apply_version_defaults, load_test=squad.load_test)
 TASKS["same_document"] = Task("same_document", "classification", 2, ("dev",), "accuracy",
                               same_document.load, labels=same_document.LABELS)
 

@@ -12,12 +12,16 @@ class Split:
   (input_ids, input_mask, segment_ids, labels, ...). `score(outputs)` turns the
   model's outputs for every row, in order, into metrics; `extra` holds what a
   task's scoring needs besides. With `writes_outputs`, score also takes
-  output_dir= (the run's workdir) and writes its prediction files there."""
+  output_dir= (the run's workdir) and writes its prediction files there; a
+  test set's score (Task.load_test) writes its prediction files and returns
+  their row counts. `per_position_outputs`: the model's outputs have a
+  position axis after the example axis (token tags, span logits)."""
   name: str
   arrays: dict[str, np.ndarray]
   score: Callable[..., dict[str, float]]
   extra: dict[str, Any] = dataclasses.field(default_factory=dict)
   writes_outputs: bool = False
+  per_position_outputs: bool = False
 
   def __len__(self) -> int:
     return len(next(iter(self.arrays.values())))

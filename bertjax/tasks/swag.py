@@ -22,14 +22,49 @@ FILES = {"train": "train.csv", "dev": "val.csv"}
 COLUMNS = ("sent1", "sent2", "ending0", "ending1", "ending2", "ending3", "label")
 
 
-def read_rows(path: str) -> tuple[list[dict], list[str]]:
-  """The CSV's rows and each one's "path:line"."""
+def read_rows(path: str, columns: tuple[str, ...] = COLUMNS) -> tuple[list[dict], list[str]]:
+  """The CSV's rows and each one's "path:line"; `columns` must be there."""
   reader = csv.DictReader(io.StringIO(fileio.read_text(path)))
-  missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+  missing = [c for c in columns if c not in (reader.fieldnames or [])]
   if missing:
-    raise ValueError(f"{path}: missing columns {missing}; SWAG files have {list(COLUMNS)}")
+    raise ValueError(f"{path}: missing columns {missing}; SWAG files have {list(columns)}")
   rows = list(reader)
   return rows, [f"{path}:{i + 2}" for i in range(len(rows))]
+
+
+def _encode(rows: list[dict], tokenizer, max_seq_length: int) -> dict[str, np.ndarray]:
+  contexts = [r["sent1"] for r in rows for _ in range(NUM_CHOICES)]
+  endings = [f"{r['sent2']} {r[f'ending{i}']}" for r in rows for i in range(NUM_CHOICES)]
+  flat = features.encode_pairs(tokenizer, contexts, endings, max_seq_length)
+  return {k: v.reshape(len(rows), NUM_CHOICES, -1) for k, v in flat.items()}
+
+
+PREDICTIONS = "swag_predictions.csv"
+
+
+def load_test(tokenizer, config) -> list[Split]:
+  """config.predict_file, else data_dir/test.csv (SWAG's columns; no label needed).
+  Its Split's score(outputs, output_dir=) writes PREDICTIONS: "id,label" rows,
+  id being the file's first, unnamed column (the SWAG release's row id) or
+  else the row's number from 0, label the best choice (0 to 3)."""
+  path = config.predict_file or os.path.join(config.data_dir, "test.csv")
+  if not config.predict_file and not config.data_dir:
+    raise ValueError("--config.predict_file: give the SWAG csv to predict "
+                     "(or --config.data_dir holding test.csv)")
+  if not fileio.exists(path):
+    raise FileNotFoundError(f"{path}: no such file (--config.predict_file or "
+                            "--config.data_dir's test.csv)")
+  rows, _ = read_rows(path, COLUMNS[:-1])
+  ids = [r[""] if r.get("") else str(i) for i, r in enumerate(rows)]
+
+  def write(outputs, output_dir=None):
+    best = np.argmax(np.asarray(outputs), axis=-1)
+    if output_dir is not None:
+      fileio.write_text(os.path.join(output_dir, PREDICTIONS), "id,label\n" + "".join(
+          f"{i},{int(b)}\n" for i, b in zip(ids, best)))
+    return {"rows": len(rows)}
+  return [Split("test", _encode(rows, tokenizer, config.max_seq_length), write,
+                writes_outputs=True)]
 
 
 def load(split: str, tokenizer, config) -> Split:
@@ -45,9 +80,6 @@ def load(split: str, tokenizer, config) -> Split:
   rows, where = read_rows(path)
   labels = label_ids([r["label"] for r in rows], tuple(str(i) for i in range(NUM_CHOICES)),
                      where, "swag")
-  contexts = [r["sent1"] for r in rows for _ in range(NUM_CHOICES)]
-  endings = [f"{r['sent2']} {r[f'ending{i}']}" for r in rows for i in range(NUM_CHOICES)]
-  flat = features.encode_pairs(tokenizer, contexts, endings, config.max_seq_length)
-  arrays = {k: v.reshape(len(rows), NUM_CHOICES, -1) for k, v in flat.items()}
+  arrays = _encode(rows, tokenizer, config.max_seq_length)
   arrays["labels"] = labels
   return Split(split, arrays, functools.partial(metrics.classification, ("accuracy",), labels))

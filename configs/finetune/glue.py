@@ -38,6 +38,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_batch_size = 32  # Dev examples per prediction step over all hosts.
   config.warmup_proportion = 0.1  # Share of the steps with linear warmup; then linear decay to 0.
   config.random_init_baseline = False  # Also fine-tune from random initialisation with the same budget; report both.
+  config.mode = "train"  # train: fine-tune and score dev | predict: write test-set predictions with the fine-tuned checkpoint in predict_from, no training | train_and_predict: both.
+  config.predict_from = ""  # predict mode: a fine-tuning run's checkpoints directory (its latest step) or one step of it; empty: WORKDIR/checkpoints.
+  config.predict_file = ""  # The input to predict (SQuAD JSON, CoNLL text, SWAG csv); empty: the task's test files in data_dir (GLUE test.tsv, MNLI test_matched/test_mismatched.tsv and AX; CoNLL test.txt; SWAG test.csv). SQuAD needs it.
+  config.predict_dir = ""  # Where prediction files go; empty: WORKDIR/predictions.
   config.within_workdir = False  # True: init_from, data_dir and vocab_file are relative to --workdir, runs go to WORKDIR/downstream.
 
   # The architecture (bertjax.model.config.BertConfig). With init_from, every size but
@@ -66,6 +70,17 @@ def get_config() -> ml_collections.ConfigDict:
   config.sweep.enabled = False  # Run the grid in WORKDIR/lr{rate}_seed{seed} and report the best.
   config.sweep.learning_rates = (5e-5, 4e-5, 3e-5, 2e-5)  # The paper's learning rates.
   config.sweep.seeds = (0,)  # Seeds per rate; the paper reran small tasks with several.
+
+  # Length bucketing: each batch is cut to the shortest of a few lengths that holds its
+  # longest example, so short sentences run on short shapes (one compile per length).
+  # On by default: dev and test outputs are the same as unbucketed (tested), and
+  # training sees every epoch's examples, step count and schedule as without it, with
+  # GLUE's mostly short sentences costing a fraction of max_seq_length; off, every
+  # batch holds shuffled examples of any length, as the original release's do.
+  config.bucketing = ml_collections.ConfigDict()
+  config.bucketing.enabled = True  # False: every batch padded to max_seq_length.
+  config.bucketing.min_length = 32  # The shortest length; lengths double up to max_seq_length (32, 64, 128).
+  config.bucketing.group_batches = 50  # Training: this many batches of shuffled examples are sorted by length together, then the batches shuffled.
 
   config.mesh = pretraining.mesh  # The device mesh and sharding rules of pretraining.
 
