@@ -32,6 +32,7 @@ close to it without a pass over the data.
 import dataclasses
 from typing import Mapping, Optional
 
+from absl import logging
 import numpy as np
 
 from bertjax.records import schema
@@ -170,3 +171,125 @@ def real_token_share(batch: Mapping[str, np.ndarray]) -> float:
   """Real (non-padding) tokens over all token slots of a batch."""
   mask = np.asarray(batch["input_mask"])
   return float((mask > 0).sum()) / mask.size
+
+
+OPTION_KEYS = ("rows", "max_examples_per_row", "max_predictions_per_row")
+
+
+def from_options(options: Mapping[str, int], *, process_count: int, max_seq_length: int,
+                 max_predictions_per_seq: int) -> Packing:
+  """A host's Packing from the pipeline's `packing` dict: rows (packed rows
+  per global batch), max_examples_per_row (default 3) and
+  max_predictions_per_row (0 or absent: default_predictions_per_row)."""
+  unknown = sorted(set(options) - set(OPTION_KEYS))
+  if unknown:
+    raise ValueError(f"packing: unknown options {unknown}; known: {list(OPTION_KEYS)}")
+  global_rows = int(options.get("rows", 0))
+  if global_rows <= 0 or global_rows % process_count:
+    raise ValueError(f"packing: {global_rows} packed rows per global batch are not a positive "
+                     f"multiple of the {process_count} processes; change data.packing_factor "
+                     "or the global batch size.")
+  per_row = int(options.get("max_examples_per_row", 3))
+  predictions = int(options.get("max_predictions_per_row", 0)) or default_predictions_per_row(
+      per_row, max_seq_length, max_predictions_per_seq)
+  return Packing(max_seq_length=max_seq_length, max_predictions_per_seq=max_predictions_per_seq,
+                 rows=global_rows // process_count, max_examples_per_row=per_row,
+                 max_predictions_per_row=predictions)
+
+
+class TrainPacker:
+  """Packs each training step's examples into p.rows rows by first-fit decreasing.
+
+  The step's examples are those of the unpacked batch at the same step, so
+  the data order stays a function of (seed, step). An example that fits in
+  no row (the rows are too few for that step's lengths) is left out of the
+  step: counted in stats()["packing_overflow"] and logged.
+  """
+
+  def __init__(self, p: Packing):
+    self.p, self.overflow = p, 0
+
+  def __call__(self, step: int, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    tokens_N, predictions_N, real_N = example_sizes(batch)
+    row_N, offset_N = first_fit(tokens_N, predictions_N, real_N, self.p, decreasing=True)
+    left = int((real_N & (row_N < 0)).sum())
+    if left:
+      self.overflow += left
+      logging.warning("step %d: %d of %d examples fit in none of the %d packed rows and are "
+                      "left out of the step (packing_overflow); lower data.packing_factor.",
+                      step, left, int(real_N.sum()), self.p.rows)
+    return pack(batch, row_N, offset_N, self.p)
+
+  def stats(self) -> dict[str, int]:
+    return {"packing_overflow": self.overflow}
+
+
+def sequential_plan(tokens_N: np.ndarray, predictions_N: np.ndarray, real_N: np.ndarray,
+                    p: Packing) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(batch [n], row [n], offset [n]): the examples in order, first-fit into
+  batches of p.rows rows; a batch closes when the next example fits in none
+  of its rows. Every real example is placed exactly once; others get -1."""
+  n = len(tokens_N)
+  batch_N = np.full(n, -1, np.int64)
+  row_N = np.full(n, -1, np.int64)
+  offset_N = np.full(n, -1, np.int64)
+  empty = lambda: (np.full(p.rows, p.max_seq_length, np.int64),
+                   np.full(p.rows, p.max_predictions_per_row, np.int64),
+                   np.full(p.rows, p.max_examples_per_row, np.int64))
+  g, (tokens_R, preds_R, slots_R), used = 0, empty(), False
+  for i in np.flatnonzero(real_N).tolist():
+    fits = lambda: (tokens_R >= tokens_N[i]) & (preds_R >= predictions_N[i]) & (slots_R > 0)
+    fits_R = fits()
+    if not fits_R.any():
+      if not used:
+        raise ValueError(f"example {i} ({tokens_N[i]} tokens, {predictions_N[i]} "
+                         "predictions) fits in no empty packed row")
+      g, (tokens_R, preds_R, slots_R), used = g + 1, empty(), False
+      fits_R = fits()
+    r = int(np.argmax(fits_R))
+    batch_N[i], row_N[i] = g, r
+    offset_N[i] = p.max_seq_length - tokens_R[r]
+    tokens_R[r] -= tokens_N[i]
+    preds_R[r] -= predictions_N[i]
+    slots_R[r] -= 1
+    used = True
+  return batch_N, row_N, offset_N
+
+
+class EvalPacker:
+  """Evaluation batches packed by a plan over all the examples (sequential_plan).
+
+  Host h of P takes rows [h*R, (h+1)*R) of every global batch of P*R rows;
+  rows(step) gives the records of this host's rows (-1 padding to R*K
+  slots) and __call__ packs them where the plan put them.
+  """
+
+  def __init__(self, p: Packing, tokens_N, predictions_N, real_N, process_index: int,
+               process_count: int, max_batches: Optional[int] = None):
+    self.p = p
+    global_p = dataclasses.replace(p, rows=p.rows * process_count)
+    batch_N, row_N, offset_N = sequential_plan(tokens_N, predictions_N, real_N, global_p)
+    self.num_batches = int(batch_N.max()) + 1 if (batch_N >= 0).any() else 0
+    if max_batches is not None:
+      self.num_batches = min(self.num_batches, max_batches)
+    mine = np.flatnonzero((batch_N >= 0) & (row_N // p.rows == process_index))
+    self._records, self._rows, self._offsets = {}, {}, {}
+    slots = p.rows * p.max_examples_per_row
+    for g in range(self.num_batches):
+      idx = mine[batch_N[mine] == g]
+      self._records[g] = np.concatenate([idx, np.full(slots - len(idx), -1, np.int64)])
+      self._rows[g] = np.concatenate([row_N[idx] - process_index * p.rows,
+                                      np.full(slots - len(idx), -1, np.int64)])
+      self._offsets[g] = np.concatenate([offset_N[idx], np.full(slots - len(idx), -1, np.int64)])
+
+  @property
+  def slots(self) -> int:
+    """Records read per host batch (the most that R rows can hold)."""
+    return self.p.rows * self.p.max_examples_per_row
+
+  def rows(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+    """(record indices [slots], epochs [slots]) of this host's batch `step`."""
+    return self._records[step], np.zeros(self.slots, np.int64)
+
+  def __call__(self, step: int, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return pack(batch, self._rows[step], self._offsets[step], self.p)
