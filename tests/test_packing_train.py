@@ -9,10 +9,8 @@ import pytest
 
 from bertjax.train import loop
 from bertjax.train import run_config
-from bertjax.train import state as state_lib
-from bertjax.train import step as step_lib
 from test_packing_pipeline import P, dataset  # pylint: disable=unused-import
-from test_train import tiny_config
+from test_train import forbid_building_state, tiny_config
 
 STEPS = 3
 
@@ -62,12 +60,7 @@ BAD = {
 def test_packing_config_errors_name_the_field_before_anything_compiles(case, dataset, tmp_path,
                                                                        monkeypatch):
   overrides, message = BAD[case]
-
-  def compiles(*args, **kwargs):
-    raise AssertionError("the run started building its state before the config was checked")
-  monkeypatch.setattr(state_lib, "abstract_train_state", compiles)
-  monkeypatch.setattr(state_lib, "create_train_state", compiles)
-  monkeypatch.setattr(step_lib, "jit_train_step", compiles)
+  forbid_building_state(monkeypatch)
   with pytest.raises(run_config.ConfigError, match=message):
     loop.train_and_evaluate(config_on(dataset, **{"data.packing": True, **overrides}),
                             str(tmp_path))
