@@ -54,7 +54,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.prefetch = 2  # Batches kept in flight on the devices.
   # Sequence packing (docs/packing.md): off keeps the paper's one example per row.
   config.data.packing = False  # Pack several examples into each row as batches are read; every loss and metric stays that of the same examples unpacked.
-  config.data.packing_factor = 2.0  # Examples per packed row the batch is sized for: a step packs its global_batch_size examples into global_batch_size / packing_factor rows (a whole number, divisible by the hosts and data-parallel devices); an example that fits in no row leaves its step, counted as packing_overflow. packing_bench measures it for your data.
+  config.data.packing_factor = 1.25  # Examples per packed row the batch is sized for: packing_chunk_steps steps' global_batch_size examples each go into global_batch_size / packing_factor rows per step (a whole number, divisible by the hosts and data-parallel devices); an example that fits in no row is left out, counted as packing_overflow. packing_bench measures it for your data.
+  config.data.packing_chunk_steps = 16  # Steps whose examples are packed together (one resume reads one chunk); larger chunks average the lengths out and leave fewer rows part-empty.
   config.data.packing_max_examples_per_row = 3  # At most this many examples (and next-sentence pairs) in a row; at least packing_factor.
   config.data.packing_max_predictions_per_row = 0  # Masked-LM slots per packed row, at least the phase's max_predictions_per_seq and at most its max_seq_length; 0 takes min(max_examples_per_row x max_predictions_per_seq, max_seq_length).
 

@@ -20,6 +20,7 @@ import data_utils
 L, P, V = 32, 5, 200
 FILES, PER_FILE = 2, 60
 OPTIONS = {"rows": 8, "max_examples_per_row": 3}
+CHUNKED = dict(OPTIONS, rows=7, chunk_steps=3)
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +97,22 @@ def test_packed_steps_hold_the_unpacked_steps_examples_and_resume(dataset, dynam
     np.testing.assert_array_equal(resumed[k], packed[4][k], err_msg=k)
 
 
+def test_chunks_pack_the_examples_of_their_steps_and_resume_inside_a_chunk(dataset):
+  plain = list(itertools.islice(source(dataset).iterate(0), 6))
+  src = source(dataset, packing=CHUNKED)
+  packed = list(itertools.islice(src.iterate(0), 6))
+  assert all(b["input_ids"].shape == (7, L) for b in packed)
+  for c in range(2):
+    want = collections.Counter(e for b in plain[3 * c:3 * c + 3] for e in examples_of(b))
+    got = collections.Counter(e for b in packed[3 * c:3 * c + 3] for e in unpack(b))
+    assert got == want, c
+  assert src.stats()["packing_overflow"] == 0
+  resumed = list(itertools.islice(source(dataset, packing=CHUNKED).iterate(4), 2))
+  for a, b in zip(resumed, packed[4:6]):
+    for k in a:
+      np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
 def test_too_few_rows_leave_examples_out_and_count_them(dataset):
   src = source(dataset, packing={"rows": 2, "max_examples_per_row": 3})
   batch = next(src.iterate(0))
@@ -125,6 +142,8 @@ def test_packed_evaluation_reads_every_record_once(dataset, process_count):
 
 
 def test_packing_options_are_checked(dataset):
+  with pytest.raises(ValueError, match="data.packing_chunk_steps must be at least 1"):
+    source(dataset, packing=dict(OPTIONS, chunk_steps=0))
   with pytest.raises(ValueError, match="packing: unknown options"):
     source(dataset, packing={"rows": 8, "examples": 3})
   with pytest.raises(ValueError, match="not a positive multiple of the 2 processes"):

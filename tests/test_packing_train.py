@@ -19,7 +19,7 @@ def config_on(directory, **overrides):
   config = tiny_config({"total_steps": STEPS, "data.source": "tfrecord",
                         "model.hidden_dropout_rate": 0.0, "model.attention_dropout_rate": 0.0,
                         "model.vocab_size": 200, "checkpoint.every_steps": 100,
-                        "logging.eval_batches": 0, **overrides})
+                        "logging.eval_batches": 0, "data.packing_factor": 2.0, **overrides})
   config.phases = {"seq32": config.phases.seq32}
   config.phases.seq32.update(fraction=1.0, max_predictions_per_seq=P, global_batch_size=16,
                              train_files=os.path.join(directory, "part-*"),
@@ -31,8 +31,10 @@ def test_packed_run_equals_the_unpacked_run(dataset, tmp_path):
   """Without dropout a packed step trains on the same examples with the same
   gradient: eval losses after 3 steps agree to 1e-4 (fp32)."""
   plain = loop.train_and_evaluate(config_on(dataset), str(tmp_path / "plain"))
-  packed = loop.train_and_evaluate(config_on(dataset, **{"data.packing": True}),
-                                   str(tmp_path / "packed"))
+  # One step per chunk: each packed step holds exactly its unpacked step's examples.
+  packed = loop.train_and_evaluate(
+      config_on(dataset, **{"data.packing": True, "data.packing_chunk_steps": 1}),
+      str(tmp_path / "packed"))
   a, b = plain["phases"]["seq32"]["eval"], packed["phases"]["seq32"]["eval"]
   for k in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy"):
     np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-6, err_msg=k)
@@ -44,6 +46,8 @@ BAD = {
               r"--config\.model\.attention_impl: model\.attention_impl='cudnn' cannot keep "
               "packed examples apart"),
     "synthetic": ({"data.source": "synthetic"}, r"--config\.data\.packing: packs records"),
+    "chunk": ({"data.packing_chunk_steps": 0},
+              r"--config\.data\.packing_chunk_steps: must be at least 1"),
     "factor": ({"data.packing_factor": 3.0}, r"--config\.data\.packing_factor: 16 examples "
                r"of phase seq32 over packing_factor=3\.0 is 5\.33333 rows"),
     "factor_range": ({"data.packing_factor": 4.0}, r"--config\.data\.packing_factor: must be "

@@ -173,14 +173,15 @@ def real_token_share(batch: Mapping[str, np.ndarray]) -> float:
   return float((mask > 0).sum()) / mask.size
 
 
-OPTION_KEYS = ("rows", "max_examples_per_row", "max_predictions_per_row")
+OPTION_KEYS = ("rows", "max_examples_per_row", "max_predictions_per_row", "chunk_steps")
 
 
 def from_options(options: Mapping[str, int], *, process_count: int, max_seq_length: int,
                  max_predictions_per_seq: int) -> Packing:
   """A host's Packing from the pipeline's `packing` dict: rows (packed rows
   per global batch), max_examples_per_row (default 3) and
-  max_predictions_per_row (0 or absent: default_predictions_per_row)."""
+  max_predictions_per_row (0 or absent: default_predictions_per_row);
+  chunk_steps is TrainPacker's and not read here."""
   unknown = sorted(set(options) - set(OPTION_KEYS))
   if unknown:
     raise ValueError(f"packing: unknown options {unknown}; known: {list(OPTION_KEYS)}")
@@ -198,27 +199,45 @@ def from_options(options: Mapping[str, int], *, process_count: int, max_seq_leng
 
 
 class TrainPacker:
-  """Packs each training step's examples into p.rows rows by first-fit decreasing.
+  """Packs the examples of `chunk_steps` training steps at a time (first-fit
+  decreasing) into chunk_steps x p.rows rows, then hands out p.rows per step.
 
-  The step's examples are those of the unpacked batch at the same step, so
-  the data order stays a function of (seed, step). An example that fits in
-  no row (the rows are too few for that step's lengths) is left out of the
-  step: counted in stats()["packing_overflow"] and logged.
+  Chunk c holds the examples that the unpacked steps c*k .. c*k+k-1 hold
+  (k = chunk_steps), so the data order stays a function of (seed, step) and
+  resuming at any step reads one chunk. The chunk's rows are shuffled (seeded
+  with (seed, c)) before they are split into steps, so that no step gets
+  only the longest examples. Over a larger chunk the lengths average out and
+  fewer rows are left part-empty. An example that fits in none of the
+  chunk's rows is left out: counted in stats()["packing_overflow"] and logged.
   """
 
-  def __init__(self, p: Packing):
-    self.p, self.overflow = p, 0
+  def __init__(self, p: Packing, chunk_steps: int, seed: int):
+    if chunk_steps < 1:
+      raise ValueError(f"data.packing_chunk_steps must be at least 1, got {chunk_steps}")
+    self.p, self.chunk_steps, self.seed, self.overflow = p, chunk_steps, seed, 0
+    self._chunk = dataclasses.replace(p, rows=p.rows * chunk_steps)
 
-  def __call__(self, step: int, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+  def __call__(self, chunk: int, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The packed rows of chunk `chunk` ([chunk_steps x rows, ...]), in step order."""
     tokens_N, predictions_N, real_N = example_sizes(batch)
-    row_N, offset_N = first_fit(tokens_N, predictions_N, real_N, self.p, decreasing=True)
+    row_N, offset_N = first_fit(tokens_N, predictions_N, real_N, self._chunk, decreasing=True)
     left = int((real_N & (row_N < 0)).sum())
     if left:
       self.overflow += left
-      logging.warning("step %d: %d of %d examples fit in none of the %d packed rows and are "
-                      "left out of the step (packing_overflow); lower data.packing_factor.",
-                      step, left, int(real_N.sum()), self.p.rows)
-    return pack(batch, row_N, offset_N, self.p)
+      logging.warning("steps %d-%d: %d of %d examples fit in none of the %d packed rows and "
+                      "are left out (packing_overflow); lower data.packing_factor or raise "
+                      "data.packing_chunk_steps.", chunk * self.chunk_steps,
+                      (chunk + 1) * self.chunk_steps - 1, left, int(real_N.sum()),
+                      self._chunk.rows)
+    shuffle = np.random.default_rng([self.seed % 2**32, chunk]).permutation(self._chunk.rows)
+    row_N = np.where(row_N >= 0, np.argsort(shuffle)[np.maximum(row_N, 0)], -1)
+    return pack(batch, row_N, offset_N, self._chunk)
+
+  def steps(self, packed: Mapping[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """A chunk's packed rows split into its steps' batches."""
+    r = self.p.rows
+    return [{k: v[i * r:(i + 1) * r] for k, v in packed.items()}
+            for i in range(self.chunk_steps)]
 
   def stats(self) -> dict[str, int]:
     return {"packing_overflow": self.overflow}

@@ -59,8 +59,10 @@ With `packing` set, the examples of each batch are packed several to a row
 (bertjax/input/packing.py) after parsing and masking, so any records in the
 original layout can be packed. In training, step s packs the same examples
 that the unpacked batch at step s holds into a fixed number of rows (first-fit
-decreasing): the order is still a function of (seed, step), and an example
-that fits in none of the rows is left out of that step and counted
+decreasing), or the examples of `chunk_steps` consecutive steps into
+chunk_steps times as many rows, handed out a step's rows at a time: the
+order is still a function of (seed, step) (a resume reads one chunk), and
+an example that fits in none of the rows is left out and counted
 (stats()["packing_overflow"]). Evaluation plans the packing over all its
 records first (one pass over their lengths): every record once, in file
 order, none left out.
@@ -217,8 +219,10 @@ class TrainSource:
     verify_crc: check each record's CRCs.
     read_threads: threads reading records; prefetch: parsed batches kept ready.
     packing: None, or a dict of packing.OPTION_KEYS (rows: packed rows per
-      global batch; max_examples_per_row; max_predictions_per_row) to pack
-      each step's global_batch_size examples into that many rows.
+      global batch; max_examples_per_row; max_predictions_per_row;
+      chunk_steps, default 1) to pack the global_batch_size x chunk_steps
+      examples of chunk_steps steps into chunk_steps x rows rows
+      (packing.TrainPacker).
   """
 
   def __init__(self, file_pattern: str, global_batch_size: int, *, max_seq_length: int,
@@ -271,14 +275,21 @@ class TrainSource:
       raise ValueError(f"file pattern {file_pattern!r}: no records to read on "
                        f"process {index}.")
     self._stream = _EpochStream(len(self._records), seed, salt, shuffle_block)
-    self.packing = None if packing is None else packing_lib.from_options(
-        packing, process_count=count, max_seq_length=max_seq_length,
-        max_predictions_per_seq=max_predictions_per_seq)
+    self.packing, self._packer = None, None
+    rows, batch_size = self._rows, self.host_batch_size
+    if packing is not None:
+      packing = dict(packing)
+      chunk_steps = int(packing.pop("chunk_steps", 1))
+      self.packing = packing_lib.from_options(
+          packing, process_count=count, max_seq_length=max_seq_length,
+          max_predictions_per_seq=max_predictions_per_seq)
+      self._packer = packing_lib.TrainPacker(self.packing, chunk_steps, seed)
+      rows, batch_size = self._chunk_rows, self.host_batch_size * chunk_steps
     self._batches = batch_reader.HostBatches(
-        self._records, self._rows, self.host_batch_size, max_seq_length,
+        self._records, rows, batch_size, max_seq_length,
         max_predictions_per_seq, skip_corrupt=skip_corrupt, masking=masking,
         read_threads=read_threads, prefetch=prefetch, vocab_size=vocab_size,
-        transform=None if self.packing is None else packing_lib.TrainPacker(self.packing))
+        transform=self._packer)
     batch_reader.check_first_record(self._records, max_seq_length, max_predictions_per_seq)
 
   @property
@@ -294,6 +305,12 @@ class TrainSource:
   def _rows(self, step: int) -> tuple[np.ndarray, np.ndarray]:
     return self._stream.take(self._start(step), self.host_batch_size)
 
+  def _chunk_rows(self, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+    """The records of packing chunk `chunk`: those of its steps, unpacked."""
+    k = self._packer.chunk_steps
+    parts = [self._rows(chunk * k + i) for i in range(k)]
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
   def epoch_at(self, step: int) -> int:
     """The epoch of the first row of this host's batch at `step`."""
     return self._start(step) // len(self._records)
@@ -302,7 +319,20 @@ class TrainSource:
     """Host batches for global steps start_step, start_step + 1, ... (endless)."""
     if start_step < 0:
       raise ValueError(f"start_step must be >= 0, got {start_step}")
-    return self._batches.iterate(start_step)
+    if self._packer is None:
+      return self._batches.iterate(start_step)
+    return self._packed_steps(start_step)
+
+  def _packed_steps(self, start_step: int) -> Iterator[dict[str, np.ndarray]]:
+    k = self._packer.chunk_steps
+    chunks = self._batches.iterate(start_step // k)
+    try:
+      skip = start_step % k
+      for packed in chunks:
+        yield from self._packer.steps(packed)[skip:]
+        skip = 0
+    finally:
+      chunks.close()
 
   def stats(self) -> dict[str, int]:
     """Counts for this process since the source was made, each summable over

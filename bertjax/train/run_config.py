@@ -22,7 +22,8 @@ _GROUPS = {
     "model": {f.name for f in dataclasses.fields(BertConfig)},
     "data": {"source", "demo_dir", "vocab_hash", "order", "shuffle_block", "skip_corrupt",
              "dynamic_masking", "masked_lm_prob", "prefetch", "packing", "packing_factor",
-             "packing_max_examples_per_row", "packing_max_predictions_per_row"},
+             "packing_chunk_steps", "packing_max_examples_per_row",
+             "packing_max_predictions_per_row"},
     "optimizer": {"name", "learning_rate", "b1", "b2", "eps", "weight_decay",
                   "bias_correction", "schedule", "clip_norm", "warmup_steps", "end_learning_rate",
                   "per_phase_warmup", "grad_accum_steps", "max_nonfinite_in_a_row"},
@@ -147,7 +148,8 @@ def packing_options(config: ml_collections.ConfigDict, phase: Phase) -> Optional
     return None
   return {"rows": int(round(phase.global_batch_size / float(data.packing_factor))),
           "max_examples_per_row": int(data.packing_max_examples_per_row),
-          "max_predictions_per_row": int(data.packing_max_predictions_per_row)}
+          "max_predictions_per_row": int(data.packing_max_predictions_per_row),
+          "chunk_steps": int(data.packing_chunk_steps)}
 
 
 def _check_packing(config, model: BertConfig, plan: list[Phase], dp: Optional[int],
@@ -164,6 +166,8 @@ def _check_packing(config, model: BertConfig, plan: list[Phase], dp: Optional[in
   per_row = int(data.packing_max_examples_per_row)
   if per_row < 1:
     _fail("data.packing_max_examples_per_row", f"must be at least 1, got {per_row}")
+  if int(data.packing_chunk_steps) < 1:
+    _fail("data.packing_chunk_steps", f"must be at least 1, got {data.packing_chunk_steps}")
   factor = float(data.packing_factor)
   if not 1.0 <= factor <= per_row:
     _fail("data.packing_factor", f"must be in [1, data.packing_max_examples_per_row={per_row}]"
