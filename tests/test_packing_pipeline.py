@@ -175,3 +175,26 @@ def test_records_of_the_original_release_pack(tmp_path):
   got = collections.Counter(e for b in batches for e in unpack(b))
   assert got == want and sum(want.values()) > 16
   assert batches.num_batches < plain.num_batches
+
+
+def test_records_that_are_not_right_padded_are_refused_naming_the_record(tmp_path):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  path = str(tmp_path / "part-00000-of-00001.tfrecord")
+  with tf.io.TFRecordWriter(path) as writer:
+    for i in range(4):
+      ex = data_utils.make_example(rng, L, P, V, True, 8)
+      n = int(ex["input_mask"].sum())
+      while i == 2 and n == L:
+        ex = data_utils.make_example(rng, L, P, V, True, 8)
+        n = int(ex["input_mask"].sum())
+      if i == 2:  # Left padding: the real tokens at the end.
+        for name in ("input_ids", "input_mask", "segment_ids"):
+          ex[name] = np.roll(ex[name], L - n)
+      writer.write(data_utils.serialize(ex))
+  src = pipeline.TrainSource(path, 4, max_seq_length=L, max_predictions_per_seq=P, seed=0,
+                             process_index=0, process_count=1, order="global",
+                             packing={"rows": 2})
+  with pytest.raises(ValueError, match=r"part-00000-of-00001\.tfrecord: record 2: input_mask "
+                     r"is not 1\.\.\.1 0\.\.\.0"):
+    next(src.iterate(0))

@@ -18,6 +18,7 @@ from absl import logging
 import numpy as np
 
 from bertjax.input import dynamic_masking as masking_lib
+from bertjax.input import packing
 from bertjax.records import fileio
 from bertjax.records import schema
 from bertjax.records import tfrecord
@@ -231,6 +232,12 @@ class HostBatches:
               f"{what}. Check the config against the data.")
     return RuntimeError(f"input pipeline failed at step {step}: {error}")
 
+  def record_name(self, step: int, row: int) -> str:
+    """'FILE: record N' of row `row` of batch `step`."""
+    idx, _ = self._rows(step)
+    file_numbers, numbers = self._records.locate(idx[row:row + 1])
+    return f"{self._records.reader.paths[int(file_numbers[0])]}: record {int(numbers[0])}"
+
   def check_vocab(self, step: int, batch: dict[str, np.ndarray]) -> None:
     """Raises ValueError naming the file if batch `step` holds an id that
     the model's vocabulary (vocab_size) does not have."""
@@ -242,12 +249,9 @@ class HostBatches:
     largest = int(largest_R[row])
     if largest < self._vocab_size:
       return
-    idx, _ = self._rows(step)
-    file_numbers, numbers = self._records.locate(idx[row:row + 1])
     v = self._vocab_size
     raise ValueError(
-        f"{self._records.reader.paths[int(file_numbers[0])]}: record "
-        f"{int(numbers[0])} holds token id {largest}, but the model's vocabulary "
+        f"{self.record_name(step, row)} holds token id {largest}, but the model's vocabulary "
         f"has {v} ids (--config.model.vocab_size={v}); the largest id seen is "
         f"{largest}. Set --config.model.vocab_size to the size of the vocabulary "
         f"the data was made with (at least {largest + 1}), or use data made with "
@@ -311,7 +315,10 @@ class HostBatches:
           restore_malloc_thresholds()  # Set by the generator's first call.
         self.check_vocab(step, batch)
         if self._transform is not None:
-          batch = self._transform(step, batch)
+          try:
+            batch = self._transform(step, batch)
+          except packing.NotRightPadded as e:
+            raise ValueError(f"{self.record_name(step, e.example)}: {e}") from None
         self.last_step = step
         self.corrupt_skipped += int(skipped)  # Counted as batches are delivered.
         yield batch

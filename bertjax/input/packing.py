@@ -93,19 +93,27 @@ def packed_batch_shapes(p: Packing) -> dict[str, tuple[tuple[int, ...], type]]:
   return shapes
 
 
+class NotRightPadded(ValueError):
+  """An example whose input_mask is not 1...1 0...0; `example` is its row."""
+
+  def __init__(self, example: int):
+    super().__init__("input_mask is not 1...1 0...0 (right padding), and packing moves "
+                     "each example's first input_mask.sum() tokens; write the records "
+                     "with their real tokens first or set data.packing=False.")
+    self.example = example
+
+
 def example_sizes(batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """(tokens [n], predictions [n], real [n] bool) of a parsed unpacked batch.
 
-  Raises ValueError if an example's input_mask is not a run of ones followed
-  by zeros (packing moves the first `tokens` tokens).
+  Raises NotRightPadded if an example's input_mask is not a run of ones
+  followed by zeros (packing moves the first `tokens` tokens).
   """
   mask_NxL = np.asarray(batch["input_mask"]) > 0
   tokens_N = mask_NxL.sum(1)
   prefix_NxL = np.arange(mask_NxL.shape[1])[None, :] < tokens_N[:, None]
   if not np.array_equal(mask_NxL, prefix_NxL):
-    bad = int(np.flatnonzero((mask_NxL != prefix_NxL).any(1))[0])
-    raise ValueError(f"input_mask of example {bad} in the batch is not 1...1 0...0 (right "
-                     "padding); packing needs each example's real tokens first.")
+    raise NotRightPadded(int(np.flatnonzero((mask_NxL != prefix_NxL).any(1))[0]))
   predictions_N = (np.asarray(batch["masked_lm_weights"]) > 0).sum(1)
   real_N = np.asarray(batch[schema.EXAMPLE_WEIGHT_KEY]) > 0
   return tokens_N, predictions_N, real_N
