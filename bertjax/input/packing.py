@@ -66,7 +66,7 @@ def predictions_problem(per_row: int, max_seq_length: int,
     return (f"data.packing_max_predictions_per_row={per_row} is below the records' "
             f"max_predictions_per_seq={max_predictions_per_seq}: one example's "
             "predictions would not fit in a row; raise it (0 takes "
-            "max_examples_per_row x max_predictions_per_seq, at most max_seq_length)")
+            "max_predictions_per_seq + max_examples_per_row, at most max_seq_length)")
   if per_row > max_seq_length:
     return (f"data.packing_max_predictions_per_row={per_row} exceeds max_seq_length="
             f"{max_seq_length}: a row has no more positions than that to predict; "
@@ -76,9 +76,16 @@ def predictions_problem(per_row: int, max_seq_length: int,
 
 def default_predictions_per_row(max_examples_per_row: int, max_seq_length: int,
                                 max_predictions_per_seq: int) -> int:
-  """Room for every prediction of max_examples_per_row examples, capped at the
-  row's length."""
-  return min(max_examples_per_row * max_predictions_per_seq, max_seq_length)
+  """max_predictions_per_seq + max_examples_per_row, capped at the row's length.
+
+  Records hold about max_predictions_per_seq predictions per max_seq_length
+  tokens (a share of each example's tokens, rounded, at least 1), and a row
+  holds max_seq_length tokens: its examples' predictions exceed that by
+  little more than one per example. The packer counts predictions, so a row
+  never takes more than it has slots for; every slot costs a masked-LM
+  projection onto the vocabulary in every step.
+  """
+  return min(max_predictions_per_seq + max_examples_per_row, max_seq_length)
 
 
 def packed_batch_shapes(p: Packing) -> dict[str, tuple[tuple[int, ...], type]]:
