@@ -18,6 +18,7 @@ from absl import logging
 import numpy as np
 
 from bertjax.input import dynamic_masking as masking_lib
+from bertjax.input import packing
 from bertjax.records import fileio
 from bertjax.records import schema
 from bertjax.records import tfrecord
@@ -128,14 +129,18 @@ class HostBatches:
 
   rows(step) -> (record indices [b] with -1 for padding, epochs [b]).
   With `vocab_size`, a batch holding a token id >= vocab_size raises
-  ValueError naming the record's file and the id.
+  ValueError naming the record's file and the id. `transform(step, batch)`,
+  if given, turns each checked batch into the one delivered (packing.py's
+  packers); its stats(), if any, join stats().
   """
 
   def __init__(self, records: Records, rows: Callable[[int], tuple[np.ndarray, np.ndarray]],
                batch_size: int, max_seq_length: int, max_predictions_per_seq: int, *,
                skip_corrupt: bool, masking: Optional[masking_lib.MaskingConfig],
-               read_threads: int, prefetch: int, vocab_size: Optional[int] = None):
+               read_threads: int, prefetch: int, vocab_size: Optional[int] = None,
+               transform: Optional[Callable[[int, dict], dict]] = None):
     self._records, self._rows, self._b = records, rows, batch_size
+    self._transform = transform
     self._lengths = (max_seq_length, max_predictions_per_seq)
     self._skip_corrupt, self._masking = skip_corrupt, masking
     self._threads, self._prefetch = read_threads, prefetch
@@ -149,8 +154,10 @@ class HostBatches:
     """skipped_records: broken frames left out when indexing plus corrupt
     records skipped in delivered batches (weight-0 rows, once per read);
     read_retries: further tries of reads after transient I/O errors."""
-    return {"skipped_records": self._records.dropped + self.corrupt_skipped,
-            "read_retries": self._records.reader.retries}
+    stats = {"skipped_records": self._records.dropped + self.corrupt_skipped,
+             "read_retries": self._records.reader.retries}
+    stats.update(getattr(self._transform, "stats", dict)())
+    return stats
 
   def read(self, step: int):
     """(serialized [b], valid [b] float32, example keys [b], epochs [b],
@@ -225,6 +232,12 @@ class HostBatches:
               f"{what}. Check the config against the data.")
     return RuntimeError(f"input pipeline failed at step {step}: {error}")
 
+  def record_name(self, step: int, row: int) -> str:
+    """'FILE: record N' of row `row` of batch `step`."""
+    idx, _ = self._rows(step)
+    file_numbers, numbers = self._records.locate(idx[row:row + 1])
+    return f"{self._records.reader.paths[int(file_numbers[0])]}: record {int(numbers[0])}"
+
   def check_vocab(self, step: int, batch: dict[str, np.ndarray]) -> None:
     """Raises ValueError naming the file if batch `step` holds an id that
     the model's vocabulary (vocab_size) does not have."""
@@ -236,12 +249,9 @@ class HostBatches:
     largest = int(largest_R[row])
     if largest < self._vocab_size:
       return
-    idx, _ = self._rows(step)
-    file_numbers, numbers = self._records.locate(idx[row:row + 1])
     v = self._vocab_size
     raise ValueError(
-        f"{self._records.reader.paths[int(file_numbers[0])]}: record "
-        f"{int(numbers[0])} holds token id {largest}, but the model's vocabulary "
+        f"{self.record_name(step, row)} holds token id {largest}, but the model's vocabulary "
         f"has {v} ids (--config.model.vocab_size={v}); the largest id seen is "
         f"{largest}. Set --config.model.vocab_size to the size of the vocabulary "
         f"the data was made with (at least {largest + 1}), or use data made with "
@@ -304,6 +314,11 @@ class HostBatches:
         if step == start_step:
           restore_malloc_thresholds()  # Set by the generator's first call.
         self.check_vocab(step, batch)
+        if self._transform is not None:
+          try:
+            batch = self._transform(step, batch)
+          except packing.NotRightPadded as e:
+            raise ValueError(f"{self.record_name(step, e.example)}: {e}") from None
         self.last_step = step
         self.corrupt_skipped += int(skipped)  # Counted as batches are delivered.
         yield batch
