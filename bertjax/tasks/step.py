@@ -31,6 +31,25 @@ from bertjax.train.state import TrainState
 KINDS = ("classification", "regression", "token", "multiple_choice", "span")
 
 
+def batch_shapes(kind: str, batch_size: int, max_seq_length: int, num_choices: int = 0
+                 ) -> dict[str, tuple[tuple[int, ...], Any]]:
+  """{key: (shape, dtype)} of a global batch of the task kind, as the train step reads it."""
+  rows = (batch_size, num_choices) if kind == "multiple_choice" else (batch_size,)
+  tokens = rows + (max_seq_length,)
+  shapes = {k: (tokens, jnp.int32) for k in ("input_ids", "input_mask", "segment_ids")}
+  shapes[WEIGHT_KEY] = ((batch_size,), jnp.float32)
+  if kind == "span":
+    shapes.update(start_positions=((batch_size,), jnp.int32),
+                  end_positions=((batch_size,), jnp.int32))
+  elif kind == "token":
+    shapes.update(labels=(tokens, jnp.int32), label_weights=(tokens, jnp.float32))
+  elif kind == "regression":
+    shapes["labels"] = ((batch_size,), jnp.float32)
+  else:
+    shapes["labels"] = ((batch_size,), jnp.int32)
+  return shapes
+
+
 def forward(params, apply_fn, batch, rng=None, deterministic: bool = True):
   return apply_fn({"params": params}, batch["input_ids"], batch["input_mask"],
                   batch["segment_ids"], deterministic=deterministic,
