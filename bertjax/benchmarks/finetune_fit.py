@@ -16,6 +16,7 @@ that topology (tpu_topology.available_hbm_bytes). Needs libtpu
 import dataclasses
 import re
 import time
+from typing import Any
 
 from absl import app
 from absl import flags
@@ -31,15 +32,6 @@ from bertjax.tasks import step as step_lib
 from bertjax.train import optimizer as opt_lib
 from bertjax.train import sharding as sharding_lib
 from bertjax.train import state as state_lib
-
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Fine-tuning config file.",
-                                          lock_config=True)
-_TOPOLOGY = flags.DEFINE_string("topology", "v5e:1x1", "TPU topology to compile for.")
-_ACCUM = flags.DEFINE_list("grad_accum_steps", ["1"], "Compile once per value.")
-_LARGE = flags.DEFINE_bool("large", False, "BERT-LARGE's sizes (L=24, H=1024, A=16, "
-                           "F=4096) instead of the config's.")
-_VOCAB = flags.DEFINE_integer("vocab_size", 30522, "Vocab size when config.model.vocab_size "
-                              "is 0 (the uncased release's).")
 
 LARGE = dict(hidden_size=1024, num_layers=24, num_heads=16, intermediate_size=4096)
 
@@ -134,7 +126,27 @@ def _gib(n) -> str:
   return "unknown" if n is None else f"{n / 2**30:.2f} GiB"
 
 
-def main(argv):
+def define_flags() -> dict[str, Any]:
+  """The command line's flags (defined only when run as a program, so that importing
+  this module beside bertjax.benchmark defines no flag twice)."""
+  return {
+      "config": config_flags.DEFINE_config_file("config", None, "Fine-tuning config file.",
+                                                lock_config=True),
+      "topology": flags.DEFINE_string("topology", "v5e:1x1", "TPU topology to compile for."),
+      "grad_accum_steps": flags.DEFINE_list("grad_accum_steps", ["1"],
+                                            "Compile once per value."),
+      "large": flags.DEFINE_bool("large", False, "BERT-LARGE's sizes (L=24, H=1024, A=16, "
+                                 "F=4096) instead of the config's."),
+      "vocab_size": flags.DEFINE_integer("vocab_size", 30522, "Vocab size when "
+                                         "config.model.vocab_size is 0 (the uncased "
+                                         "release's)."),
+  }
+
+
+def main(argv, flag_values: dict[str, Any]):
+  _CONFIG, _TOPOLOGY, _ACCUM, _LARGE, _VOCAB = (  # pylint: disable=invalid-name
+      flag_values[k] for k in ("config", "topology", "grad_accum_steps", "large",
+                               "vocab_size"))
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   config = _CONFIG.value
@@ -163,4 +175,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _flags = define_flags()
+  app.run(lambda argv: main(argv, _flags))
