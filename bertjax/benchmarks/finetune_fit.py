@@ -26,7 +26,7 @@ from ml_collections import config_flags
 
 from bertjax.benchmarks import tpu_topology
 from bertjax.model.config import BertConfig
-from bertjax.tasks import loop
+from bertjax.tasks import setup
 from bertjax.tasks import registry
 from bertjax.tasks import step as step_lib
 from bertjax.train import optimizer as opt_lib
@@ -91,7 +91,7 @@ def compile_step(config, topology: str, grad_accum_steps: int,
   rules = sharding_lib.rules(config.mesh)
   model = registry.model_for(task, model_config_of(config, vocab_size))
   tx = opt_lib.make_optimizer_with_runtime_peak(config.optimizer,
-                                                loop.unit_schedule(config, 1000))
+                                                setup.unit_schedule(config, 1000))
   init = registry.init_fn(task, config.max_seq_length)
   with sharding_lib.mesh_context(mesh, rules):
     abstract, shardings = state_lib.abstract_train_state(model, tx, mesh, rules, init)
