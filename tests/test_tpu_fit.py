@@ -140,9 +140,10 @@ def _finetune_child(accums):
   for accum in accums:
     config = ml_collections.ConfigDict(squad.get_config().to_dict())
     config.version = "2.0"  # The paper's batch of 48.
-    config.max_seq_length = 128
-    config.model.update(hidden_size=128, num_layers=2, num_heads=2, intermediate_size=512)
-    r = finetune_fit.compile_step(config, "v5e:1x1", accum)
+    # Length 384 and a small vocab: activations outweigh the weight-sized buffers
+    # (parameters, Adam moments, the summed gradient), as in BERT-LARGE.
+    config.model.update(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=256)
+    r = finetune_fit.compile_step(config, "v5e:1x1", accum, vocab_size=1024)
     out[accum] = {"batch": r.global_batch_size, "temp": r.temp_bytes, "fits": r.fits,
                   "arguments": r.argument_bytes}
   return out
@@ -164,7 +165,7 @@ def test_accumulation_shrinks_a_fine_tuning_steps_temporaries_on_one_v5e_chip():
   assert one["batch"] == four["batch"] == 48
   assert one["fits"] and four["fits"]
   assert one["arguments"] == four["arguments"]  # The same state and batch...
-  assert four["temp"] < 0.6 * one["temp"], result  # ...a quarter of the activations.
+  assert four["temp"] < 0.5 * one["temp"], result  # ...a quarter of the activations.
 
 
 if __name__ == "__main__":
