@@ -57,7 +57,8 @@ def finetune(config, workdir: str, explicit=frozenset()) -> dict:
   """The run the config asks for: one fine-tuning, the sweep, or the comparison
   with random initialisation, with the architecture and casing of init_from's
   checkpoint but for the fields in `explicit` (take_checkpoint_settings).
-  With config.within_workdir, the run goes to workdir/downstream and its
+  Returns {"preempted_at_step": step} when a SIGTERM stopped it (saved; a rerun
+  resumes). With config.within_workdir, the run goes to workdir/downstream and its
   results also into workdir/summary.json (the pretraining run's summary)
   under "downstream"."""
   if not config.within_workdir:
@@ -67,6 +68,8 @@ def finetune(config, workdir: str, explicit=frozenset()) -> dict:
     config[field] = fileio.under(workdir, config[field])
   take_checkpoint_settings(config, explicit)
   result = _run(config, os.path.join(workdir, "downstream"))
+  if "preempted_at_step" in result:
+    return result
   summary_path = os.path.join(workdir, "summary.json")
   if jax.process_index() == 0 and fileio.exists(summary_path):
     summary = json.loads(fileio.read_text(summary_path))

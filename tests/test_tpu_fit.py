@@ -99,7 +99,10 @@ def test_v4_topologies_are_asked_for_one_megacore_device_per_chip(monkeypatch):
 
 
 def _child(payload):
-  """Topology devices and available HBM as libtpu gives them."""
+  """Topology devices and available HBM as libtpu gives them, or (with "finetune")
+  the memory of a small SQuAD fine-tuning step at each grad_accum_steps."""
+  if "finetune" in payload:
+    return _finetune_child(payload["finetune"])
   return {name: {"devices": len(tpu_topology.topology_devices(name)),
                  "chips": benchmark._count_chips(tpu_topology.topology_devices(name)),  # pylint: disable=protected-access
                  "available_gib": tpu_topology.available_hbm_bytes(name) / GIB}
@@ -126,6 +129,43 @@ def test_libtpu_reports_available_hbm_per_chip():
   assert 16 < v4["available_gib"] <= 32, v4
   assert v5e["devices"] == v5e["chips"] == 8, v5e
   assert 15 < v5e["available_gib"] < 16, v5e  # Less than the nominal 16 GiB.
+
+
+def _finetune_child(accums):
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from bertjax.benchmarks import finetune_fit  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, os.path.join(jax_child.REPO, "configs", "finetune"))
+  import squad  # pylint: disable=g-import-not-at-top
+  out = {}
+  for accum in accums:
+    config = ml_collections.ConfigDict(squad.get_config().to_dict())
+    config.version = "2.0"  # The paper's batch of 48.
+    # Length 384 and a small vocab: activations outweigh the weight-sized buffers
+    # (parameters, Adam moments, the summed gradient), as in BERT-LARGE.
+    config.model.update(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=256)
+    r = finetune_fit.compile_step(config, "v5e:1x1", accum, vocab_size=1024)
+    out[accum] = {"batch": r.global_batch_size, "temp": r.temp_bytes, "fits": r.fits,
+                  "arguments": r.argument_bytes}
+  return out
+
+
+def test_accumulation_shrinks_a_fine_tuning_steps_temporaries_on_one_v5e_chip():
+  """The check behind docs/finetuning-runs.md's BERT-LARGE SQuAD v2.0 figures, on a
+  small model: the same step at 1 and 4 micro-batches."""
+  spec = importlib.util.find_spec("libtpu")
+  if spec is None:
+    pytest.skip("libtpu is not installed (pip install 'jax[tpu]')")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1",
+             PYTHONPATH=os.pathsep.join([jax_child.REPO, os.path.dirname(__file__)]))
+  done = subprocess.run([sys.executable, __file__, json.dumps({"finetune": [1, 4]})],
+                        env=env, capture_output=True, text=True, timeout=600, check=False)
+  assert done.returncode == 0, done.stderr[-6000:]
+  result = json.loads(done.stdout.strip().splitlines()[-1])
+  one, four = result["1"], result["4"]
+  assert one["batch"] == four["batch"] == 48
+  assert one["fits"] and four["fits"]
+  assert one["arguments"] == four["arguments"]  # The same state and batch...
+  assert four["temp"] < 0.5 * one["temp"], result  # ...a quarter of the activations.
 
 
 if __name__ == "__main__":

@@ -19,9 +19,12 @@ TOPOLOGY_OPTIONS = {"v4": {"chip_config_name": "megacore"}}
 
 
 def topology_devices(topology: str) -> list:
-  """The compile-only devices of a TPU topology (e.g. v4:2x2x1), one per chip."""
+  """The compile-only devices of a TPU topology (e.g. v4:2x2x1, v5e:1x1), one per chip."""
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
-  options = TOPOLOGY_OPTIONS.get(topology.split(":")[0], {})
+  options = dict(TOPOLOGY_OPTIONS.get(topology.split(":")[0], {}))
+  if all(n == "1" for n in topology.split(":")[-1].split("x")):
+    # One chip: libtpu's default host of 2x2 chips would not divide it.
+    options["chips_per_host_bounds"] = (1, 1, 1)
   return topologies.get_topology_desc(platform="tpu", topology_name=topology,
                                       **options).devices
 

@@ -3,8 +3,14 @@
 A run reads the task's data once, trains num_epochs over the training split
 (steps as the original release counts them) with linear warmup over
 warmup_proportion of the steps and linear decay to 0, saves orbax
-checkpoints (a rerun resumes from the latest), logs to TensorBoard and
-writes the final dev metrics to WORKDIR/results.json. Starting weights come
+checkpoints (a rerun resumes from the latest; a SIGTERM saves the current
+step and stops), evaluates on dev every eval_every_steps keeping the best
+checkpoint (and stopping early after early_stopping_patience evaluations
+without a better one, if set), logs to TensorBoard and writes the final and
+the best dev metrics to WORKDIR/results.json (tasks/trainer.py runs the
+steps). The runs of a sweep share one compiled train step and predict step
+(setup.Steps): the peak learning rate is a value in the optimizer state. Starting
+weights come
 from config.init_from through the injected weights loader
 (bertjax.convert.weights.load_weights: a bertjax pretraining checkpoint of any
 phase, a Hugging Face BERT directory or the original release's TF1
@@ -22,7 +28,6 @@ from typing import Any, Callable, Optional
 import jax
 import ml_collections
 import numpy as np
-import optax
 from absl import logging
 
 from bertjax.input import pipeline
@@ -31,22 +36,24 @@ from bertjax.records import fileio
 from bertjax.tasks import batches as batches_lib
 from bertjax.tasks import features
 from bertjax.tasks import registry
-from bertjax.tasks import step as step_lib
+from bertjax.tasks import setup
+from bertjax.tasks import trainer as trainer_lib
+from bertjax.tasks.best import BestDev
 from bertjax.tasks.split import Split
 from bertjax.text import tokenization
 from bertjax.train import checkpoint as ckpt_lib
-from bertjax.train import optimizer as opt_lib
 from bertjax.train import run_record
 from bertjax.train import sharding as sharding_lib
-from bertjax.train import state as state_lib
-from bertjax.train.logger import MetricLogger, window_means
+from bertjax.train.logger import MetricLogger
 from bertjax.train.usage import quiet_library_logs
-from bertjax.train.step_metrics import StepMetrics
+from bertjax.train.preemption import PreemptionGuard
 
 # (path, abstract encoder params, model config) -> BertModel's params, e.g.
 # bertjax.convert.weights.load_weights; the tasks layer does not import convert.
 WeightsLoader = Callable[[str, Any, BertConfig], Any]
 RESULTS = "results.json"
+CHECKPOINTS = "checkpoints"  # The latest checkpoints, in the run's workdir.
+BEST_CHECKPOINT = "best"  # The best dev evaluation's checkpoint, with eval_every_steps.
 
 
 @dataclasses.dataclass
@@ -92,42 +99,6 @@ def prepare(config: ml_collections.ConfigDict) -> Prepared:
   logging.info("Task %s: %d training and %s dev examples, features in %.1fs.", task.name,
                len(train), "/".join(str(len(d)) for d in dev), time.perf_counter() - t0)
   return Prepared(task, tokenizer, model_config, train, dev)
-
-
-def _schedule(config, num_steps: int) -> optax.Schedule:
-  opt = ml_collections.ConfigDict(config.optimizer.to_dict())
-  opt.warmup_steps = int(round(config.warmup_proportion * num_steps))
-  opt.end_learning_rate = 0.0
-  opt.per_phase_warmup = False
-  return opt_lib.learning_rate_schedule(opt, num_steps, [0, num_steps], [0])
-
-
-def _initial_state(config, prepared, model, tx, mesh, rules, checkpointer, init,
-                   weights_loader):
-  """(state, shardings, meta of the resumed checkpoint or None)."""
-  rng = jax.random.key(config.seed)
-  abstract, shardings = state_lib.abstract_train_state(model, tx, mesh, rules, init)
-  latest = checkpointer.latest_step()
-  if latest is not None:
-    state, meta = checkpointer.restore(abstract, shardings, latest)
-    logging.info("Resumed fine-tuning from step %d.", latest)
-    return state, shardings, meta
-  params = None
-  if config.init_from:
-    if weights_loader is None:
-      raise ValueError("--config.init_from: pass a weights_loader, e.g. "
-                       "bertjax.convert.weights.load_weights as bertjax.finetune does")
-    encoder = weights_loader(config.init_from, abstract.params["bert"],
-                             prepared.model_config)
-    fresh = jax.jit(lambda r: jax.tree.map(
-        lambda x: x.unbox() if hasattr(x, "unbox") else x, init(model, r),
-        is_leaf=lambda x: hasattr(x, "unbox")), out_shardings=shardings.params)(rng)
-    params = dict(fresh, bert=encoder)
-    logging.info("Encoder from %s; %s head freshly initialised.", config.init_from,
-                 "/".join(k for k in fresh if k != "bert"))
-  state, shardings = state_lib.create_train_state(model, tx, mesh, rules, rng,
-                                                  params=params, init=init)
-  return state, shardings, None
 
 
 # Per-position outputs past a bucketed batch's length (no token there).
@@ -185,112 +156,95 @@ def evaluate(predict_fn, state, dev: list[Split], batch_size: int, sharding,
 
 def finetune_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                           weights_loader: Optional[WeightsLoader] = None,
-                          prepared: Optional[Prepared] = None) -> dict[str, Any]:
-  """Runs (or resumes) one fine-tuning run in `workdir`; returns its results."""
+                          prepared: Optional[Prepared] = None,
+                          steps: Optional[setup.Steps] = None) -> dict[str, Any]:
+  """Runs (or resumes) one fine-tuning run in `workdir`; returns its results, or
+  {"preempted_at_step": step} when a SIGTERM stopped it (saved: rerun to resume)."""
   quiet_library_logs()
   results_path = os.path.join(workdir, RESULTS)
   if fileio.exists(results_path):
     logging.info("%s exists: the run in %s is complete.", results_path, workdir)
     return json.loads(fileio.read_text(results_path))
   prepared = prepared or prepare(config)
-  task, train = prepared.task, prepared.train
-  num_steps = max(1, batches_lib.train_steps(len(train), config.global_batch_size,
-                                             config.num_epochs))
-  schedule = _schedule(config, num_steps)
-  tx = opt_lib.make_optimizer(config.optimizer, schedule)
-  mesh = sharding_lib.make_mesh(config.mesh)
-  rules = sharding_lib.rules(config.mesh)
-  model = registry.model_for(task, prepared.model_config)
-  init = registry.init_fn(task, config.max_seq_length)
-  checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
+  steps = steps or setup.build_steps(config, prepared)
+  task, num_steps = prepared.task, steps.num_steps
+  checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, CHECKPOINTS),
                                        keep=config.checkpoint.keep,
                                        async_save=config.checkpoint.async_save)
-  logger = None
+  best_checkpointer = (ckpt_lib.Checkpointer(
+      os.path.join(workdir, BEST_CHECKPOINT), keep=1, async_save=config.checkpoint.async_save)
+                       if config.eval_every_steps else None)
   try:
-    state, shardings, resumed = _initial_state(config, prepared, model, tx, mesh, rules,
-                                               checkpointer, init, weights_loader)
-    logger = MetricLogger(workdir, prepared.model_config, num_steps)
-    p_train, p_predict = step_lib.jit_steps(shardings, mesh, task.kind)
-    sharding = sharding_lib.batch_sharding(mesh)
-    dropout_rng = jax.random.fold_in(jax.random.key(config.seed), 1)
-    meta = {"task": task.name, "seed": config.seed, "total_steps": num_steps,
-            "model": dataclasses.asdict(prepared.model_config),
-            "head": {"type": registry.HEAD_TYPES[task.kind], "labels": list(task.labels)}}
+    state, resumed = setup.initial_state(config, prepared.model_config, steps,
+                                              checkpointer, weights_loader)
+    sharding = sharding_lib.batch_sharding(steps.mesh)
+    peak = config.optimizer.learning_rate
+    fixed = trainer_lib.Fixed(
+        config=config, num_steps=num_steps,
+        learning_rate=lambda t: peak * float(steps.unit_schedule(t)),
+        p_train=steps.p_train, mesh=steps.mesh, train=prepared.train, dev=prepared.dev,
+        evaluate=lambda s, out: evaluate(steps.p_predict, s, prepared.dev,
+                                         config.eval_batch_size, sharding, out,
+                                         batches_lib.buckets_of(config)),
+        meta={"task": task.name, "seed": config.seed, "total_steps": num_steps,
+              "model": dataclasses.asdict(prepared.model_config),
+              "head": {"type": registry.HEAD_TYPES[task.kind], "labels": list(task.labels)}})
     if jax.process_index() == 0:
       # The run record: exports find the vocab through init_from, as for pretraining runs.
       record = json.loads(config.to_json())
-      record["model"] = meta["model"]
+      record["model"] = fixed.meta["model"]
       run_record.write(workdir, record)
-    step = int(jax.device_get(state.step))
-    # Non-finite steps are skipped and counted (the counts go on from the
-    # checkpoint resumed from); optimizer.max_nonfinite_in_a_row of them in a
-    # row stop the run, and non-finite parameters are never saved.
-    counts = (resumed or {}).get("nonfinite", {})
-    step_metrics = StepMetrics(
-        on_nonfinite="Lower --config.optimizer.learning_rate or check the data.",
-        max_nonfinite_in_a_row=config.optimizer.max_nonfinite_in_a_row,
-        skipped=counts.get("skipped_steps", 0), in_a_row=counts.get("nonfinite_in_a_row", 0))
-    with sharding_lib.mesh_context(mesh, rules):
-      t0 = time.perf_counter()
-      for batch in batches_lib.train_batches(train.arrays, config.global_batch_size,
-                                             seed=config.seed, start_step=step,
-                                             num_steps=num_steps,
-                                             buckets=batches_lib.buckets_of(config),
-                                             group_batches=config.bucketing.group_batches):
-        state, metrics = p_train(state, pipeline.to_global(batch, sharding), dropout_rng)
-        step += 1
-        step_metrics.add(step, metrics)
-        if step % config.logging.every_steps == 0 or step == num_steps:
-          _log_window(logger, step_metrics, step, num_steps, schedule, t0)
-          t0 = time.perf_counter()
-        if step % config.checkpoint.every_steps == 0 and step < num_steps:
-          step_metrics.drain_for_save(step)
-          checkpointer.save(state, dict(meta, nonfinite=step_metrics.counts()))
-      step_metrics.drain_for_save(step)
-      checkpointer.save(state, dict(meta, nonfinite=step_metrics.counts()))
-      dev = evaluate(p_predict, state, prepared.dev, config.eval_batch_size, sharding,
-                     workdir, batches_lib.buckets_of(config))
-    for name, m in dev.items():
-      logger.write(num_steps, {k: v for k, v in m.items() if k != "num_examples"},
-                   prefix=f"dev_{name}")
+    best = BestDev(task.primary, task.dev_splits[0], config.early_stopping_patience,
+                   (resumed or {}).get("best"))
+    with MetricLogger(workdir, prepared.model_config, num_steps) as logger, \
+        PreemptionGuard() as guard, sharding_lib.mesh_context(steps.mesh, steps.rules):
+      tuner = trainer_lib.FineTuner(
+          fixed, state, jax.random.fold_in(jax.random.key(config.seed), 1),
+          checkpointer=checkpointer, best_checkpointer=best_checkpointer, logger=logger,
+          guard=guard, best=best, resumed=resumed)
+      if not tuner.train():
+        return {"preempted_at_step": tuner.step}
+      dev = tuner.finish(workdir)
   finally:
+    if best_checkpointer is not None:
+      best_checkpointer.close()
     checkpointer.close()
-    if logger is not None:
-      logger.close()
-  results = {"task": task.name, "steps": num_steps, "seed": config.seed,
+  results = {"task": task.name, "steps": num_steps, "trained_steps": tuner.step,
+             "stopped_early": tuner.step < num_steps, "seed": config.seed,
              "learning_rate": config.optimizer.learning_rate,
-             "init_from": config.init_from, "num_train_examples": len(train),
-             "primary_metric": task.primary, "dev": dev, **step_metrics.counts()}
+             "init_from": config.init_from, "num_train_examples": len(prepared.train),
+             "primary_metric": task.primary, "dev": dev,
+             "best": _best_result(best, workdir, config), **tuner.metrics.counts()}
   if jax.process_index() == 0:
     fileio.write_text(results_path, json.dumps(results, indent=2, sort_keys=True))
   return results
 
 
-def _log_window(logger, step_metrics: StepMetrics, step, num_steps, schedule, t0):
-  """Averages a window of host metrics, prints them and writes them to TensorBoard,
-  with the counts of skipped (non-finite) steps."""
-  host = step_metrics.take_window()  # Reads back and counts the skipped steps first.
-  m = window_means(host)
-  # The learning rate of the latest applied update: skipped steps leave the
-  # schedule's count (in the optimizer state) as it was.
-  m["learning_rate"] = float(schedule(max(step - step_metrics.skipped - 1, 0)))
-  m["steps_per_second"] = len(host) / max(time.perf_counter() - t0, 1e-9)
-  m.update(step_metrics.counts())
-  logging.info("step %d/%d %s", step, num_steps,
-               "  ".join(f"{k} {v:.4g}" for k, v in sorted(m.items())))
-  logger.write(step, m, prefix="train")
+def _best_result(best: BestDev, workdir: str, config) -> Optional[dict[str, Any]]:
+  """The best evaluation's step, score, dev metrics and checkpoint; None when every
+  score was NaN. Without periodic evaluation the best is the last step's checkpoint."""
+  if best.step is None:
+    return None
+  where = BEST_CHECKPOINT if config.eval_every_steps else CHECKPOINTS
+  return {"step": best.step, "score": best.score, "dev": best.dev,
+          "checkpoint": os.path.join(workdir, where, str(best.step))}
 
 
 def primary_score(task: registry.Task, results: dict) -> float:
-  first = task.dev_splits[0]
-  return float(results["dev"][first][task.primary])
+  """The run's best primary score (NaN when it has none: every evaluation was NaN)."""
+  del task  # results["best"] holds the task's primary metric on its first dev split.
+  best = results.get("best")
+  return float(best["score"]) if best else math.nan
 
 
 def sweep(config: ml_collections.ConfigDict, workdir: str,
           weights_loader: Optional[WeightsLoader] = None) -> dict[str, Any]:
   """Every (learning rate, seed) of config.sweep, each in workdir/lr{lr}_seed{seed};
-  results.json holds every run's dev figures and the best run by the task's primary metric."""
+  results.json holds every run's dev figures and the best run by the task's primary
+  metric (each run's best evaluation). All runs call one compiled train step and one
+  predict step. Returns {"preempted_at_step": step} when a SIGTERM stopped a run."""
   prepared = prepare(config)
+  steps = setup.build_steps(config, prepared)
   runs = []
   for lr in config.sweep.learning_rates:
     for seed in config.sweep.seeds:
@@ -299,9 +253,12 @@ def sweep(config: ml_collections.ConfigDict, workdir: str,
       run_config.seed = int(seed)
       run_dir = os.path.join(workdir, f"lr{lr:g}_seed{seed}")
       logging.info("Sweep run: learning rate %g, seed %d in %s.", lr, seed, run_dir)
-      result = finetune_and_evaluate(run_config, run_dir, weights_loader, prepared)
+      result = finetune_and_evaluate(run_config, run_dir, weights_loader, prepared, steps)
+      if "preempted_at_step" in result:
+        return result
       runs.append({"learning_rate": float(lr), "seed": int(seed), "workdir": run_dir,
-                   "score": primary_score(prepared.task, result), "dev": result["dev"]})
+                   "score": primary_score(prepared.task, result), "dev": result["dev"],
+                   "best": result["best"]})
   # A NaN score (a diverged run) ranks below every number.
   best = max(runs, key=lambda r: -math.inf if math.isnan(r["score"]) else r["score"])
   summary = {"task": prepared.task.name, "primary_metric": prepared.task.primary,
@@ -318,14 +275,20 @@ def compare_with_random_init(config: ml_collections.ConfigDict, workdir: str,
                              weights_loader: Optional[WeightsLoader] = None) -> dict[str, Any]:
   """Fine-tunes from config.init_from (workdir/pretrained) and from random
   initialisation (workdir/random_init) with the same data, steps and settings;
-  results.json holds both runs' dev figures."""
+  results.json holds both runs' dev figures. Returns {"preempted_at_step": step}
+  when a SIGTERM stopped a run."""
   prepared = prepare(config)
+  steps = setup.build_steps(config, prepared)
   pretrained = finetune_and_evaluate(config, os.path.join(workdir, "pretrained"),
-                                     weights_loader, prepared)
+                                     weights_loader, prepared, steps)
+  if "preempted_at_step" in pretrained:
+    return pretrained
   random_config = ml_collections.ConfigDict(config.to_dict())
   random_config.init_from = ""
   random_init = finetune_and_evaluate(random_config, os.path.join(workdir, "random_init"),
-                                      None, prepared)
+                                      None, prepared, steps)
+  if "preempted_at_step" in random_init:
+    return random_init
   split = prepared.task.dev_splits[0]
   summary = {"task": prepared.task.name, "primary_metric": prepared.task.primary,
              "primary_split": split, "steps": pretrained["steps"],

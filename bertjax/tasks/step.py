@@ -8,7 +8,12 @@ padding rows (weights 0) do not touch:
                    word's first sub-token)
   multiple_choice  cross entropy over the choices
   span             (start cross entropy + end cross entropy) / 2
-The optimizer update is train.step.apply_gradients, the one pretraining uses.
+With optimizer.grad_accum_steps > 1 the global batch is split into that many
+micro-batches whose gradients add up in fp32 (train.step.accumulate_gradients,
+pretraining's), each micro-batch's loss sum divided by the whole batch's
+weight, so the step is the one-batch step up to float rounding (and
+each micro-batch's own dropout). The optimizer update is
+train.step.apply_gradients, the one pretraining uses.
 """
 
 import functools
@@ -20,10 +25,29 @@ import optax
 
 from bertjax.tasks.batches import WEIGHT_KEY
 from bertjax.train import sharding as sharding_lib
-from bertjax.train import step as step_lib
+from bertjax.train import step as train_step_lib
 from bertjax.train.state import TrainState
 
 KINDS = ("classification", "regression", "token", "multiple_choice", "span")
+
+
+def batch_shapes(kind: str, batch_size: int, max_seq_length: int, num_choices: int = 0
+                 ) -> dict[str, tuple[tuple[int, ...], Any]]:
+  """{key: (shape, dtype)} of a global batch of the task kind, as the train step reads it."""
+  rows = (batch_size, num_choices) if kind == "multiple_choice" else (batch_size,)
+  tokens = rows + (max_seq_length,)
+  shapes = {k: (tokens, jnp.int32) for k in ("input_ids", "input_mask", "segment_ids")}
+  shapes[WEIGHT_KEY] = ((batch_size,), jnp.float32)
+  if kind == "span":
+    shapes.update(start_positions=((batch_size,), jnp.int32),
+                  end_positions=((batch_size,), jnp.int32))
+  elif kind == "token":
+    shapes.update(labels=(tokens, jnp.int32), label_weights=(tokens, jnp.float32))
+  elif kind == "regression":
+    shapes["labels"] = ((batch_size,), jnp.float32)
+  else:
+    shapes["labels"] = ((batch_size,), jnp.int32)
+  return shapes
 
 
 def forward(params, apply_fn, batch, rng=None, deterministic: bool = True):
@@ -57,20 +81,31 @@ def loss_and_hits(kind: str, outputs, batch) -> tuple[jax.Array, jax.Array, jax.
   raise ValueError(f"task kind {kind!r} is not one of {KINDS}")
 
 
-def train_step(state: TrainState, batch, rng, *, kind: str) -> tuple[TrainState, dict[str, Any]]:
+def total_weight(kind: str, batch) -> jax.Array:
+  """The weight the mean loss of `batch` divides by (at least 1): real examples, or
+  for token tasks their labelled tokens."""
+  w_B = batch[WEIGHT_KEY].astype(jnp.float32)
+  if kind == "token":
+    return jnp.maximum(jnp.sum(batch["label_weights"] * w_B[:, None]), 1.0)
+  return jnp.maximum(jnp.sum(w_B), 1.0)
+
+
+def train_step(state: TrainState, batch, rng, *, kind: str, grad_accum_steps: int = 1
+               ) -> tuple[TrainState, dict[str, Any]]:
   """One optimizer step on a global batch. `rng` is the run's base key."""
   step_rng = jax.random.fold_in(rng, state.step)
+  total = total_weight(kind, batch)
 
-  def loss_fn(params):
-    outputs = forward(params, state.apply_fn, batch, step_rng, deterministic=False)
-    loss_sum, hits, weight = loss_and_hits(kind, outputs, batch)
-    weight = jnp.maximum(weight, 1.0)
-    return loss_sum / weight, {"loss": loss_sum / weight, "accuracy": hits / weight}
+  def loss_fn(params, micro, micro_rng):
+    outputs = forward(params, state.apply_fn, micro, micro_rng, deterministic=False)
+    loss_sum, hits, _ = loss_and_hits(kind, outputs, micro)
+    return loss_sum / total, {"loss": loss_sum / total, "accuracy": hits / total}
 
-  grads, metrics = jax.grad(loss_fn, has_aux=True)(state.params)
+  grads, metrics = train_step_lib.accumulate_gradients(loss_fn, state.params, batch,
+                                                       step_rng, grad_accum_steps)
   if kind == "regression":
     metrics.pop("accuracy")
-  return step_lib.apply_gradients(state, grads, metrics)
+  return train_step_lib.apply_gradients(state, grads, metrics)
 
 
 def predict_step(state: TrainState, batch):
@@ -78,14 +113,14 @@ def predict_step(state: TrainState, batch):
   return forward(state.params, state.apply_fn, batch)
 
 
-def jit_steps(state_shardings, mesh, kind: str):
+def jit_steps(state_shardings, mesh, kind: str, grad_accum_steps: int = 1):
   """(train_step, predict_step) jitted with explicit shardings; train donates the state.
 
   Predictions come back replicated, so every host reads the whole global batch.
   """
   batch = sharding_lib.batch_sharding(mesh)
   replicated = sharding_lib.replicated(mesh)
-  train = jax.jit(functools.partial(train_step, kind=kind),
+  train = jax.jit(functools.partial(train_step, kind=kind, grad_accum_steps=grad_accum_steps),
                   in_shardings=(state_shardings, batch, replicated),
                   out_shardings=(state_shardings, replicated), donate_argnums=0)
   predict = jax.jit(predict_step, in_shardings=(state_shardings, batch),

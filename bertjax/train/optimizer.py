@@ -157,3 +157,26 @@ def make_optimizer(opt_config, schedule: optax.Schedule) -> optax.GradientTransf
   else:
     raise ValueError(f"optimizer.name: {name!r} is not one of 'adamw', 'lamb'")
   return optax.chain(*clip, *core, optax.scale_by_learning_rate(schedule))
+
+
+def make_optimizer_with_runtime_peak(opt_config, unit_schedule: optax.Schedule
+                                     ) -> optax.GradientTransformation:
+  """make_optimizer whose peak learning rate is a value in the optimizer state.
+
+  The learning rate at step t is peak x unit_schedule(t): the schedule's shape
+  (warmup, decay) is fixed, its peak (opt_state.hyperparams['learning_rate'],
+  optax.inject_hyperparams) is data, so runs that differ only in the peak
+  share one optimizer and one compiled step. The state starts with a peak of 1;
+  set_peak_learning_rate gives it the run's.
+  """
+  def make(learning_rate):
+    return make_optimizer(opt_config, lambda t: learning_rate * unit_schedule(t))
+  return optax.inject_hyperparams(make)(learning_rate=1.0)
+
+
+def set_peak_learning_rate(opt_state, learning_rate: float):
+  """`opt_state` of make_optimizer_with_runtime_peak with the peak `learning_rate`, placed
+  as the value it replaces."""
+  old = opt_state.hyperparams["learning_rate"]
+  new = jax.device_put(jnp.asarray(learning_rate, old.dtype), old.sharding)
+  return opt_state._replace(hyperparams=dict(opt_state.hyperparams, learning_rate=new))

@@ -92,27 +92,40 @@ def train_step(state: TrainState, batch: Batch, rng, *, grad_accum_steps: int = 
     sums = loss_sums(params, state.apply_fn, micro, micro_rng, deterministic=False)
     return sums["mlm_loss"] / mlm_total + sums["nsp_loss"] / nsp_total, sums
 
+  grads, sums = accumulate_gradients(loss_fn, state.params, batch, step_rng,
+                                     grad_accum_steps)
+  return apply_gradients(state, grads, _summarise(sums))
+
+
+def accumulate_gradients(loss_fn, params, batch: Batch, rng, grad_accum_steps: int):
+  """(gradients, sums) of `loss_fn(params, micro_batch, micro_rng) -> (loss, sums)`.
+
+  With grad_accum_steps > 1 the batch is split into that many micro-batches
+  (_split_micro) that run one after another in a scan; their gradients and
+  sums are added up in fp32, so memory holds one micro-batch's activations.
+  Micro-batch i draws dropout from fold_in(rng, i). The loss must be a sum
+  over rows divided by whole-batch totals (as train_step's is) for the added
+  gradients to be the whole batch's.
+  """
   grad_fn = jax.grad(loss_fn, has_aux=True)
   if grad_accum_steps == 1:
-    grads, sums = grad_fn(state.params, batch, step_rng)
-  else:
-    micro_batches = _split_micro(batch, grad_accum_steps)
+    return grad_fn(params, batch, rng)
+  micro_batches = _split_micro(batch, grad_accum_steps)
 
-    def body(carry, xs):
-      acc_grads, acc_sums = carry
-      micro, i = xs
-      g, s = grad_fn(state.params, micro, jax.random.fold_in(step_rng, i))
-      return (jax.tree.map(jnp.add, acc_grads, g), jax.tree.map(jnp.add, acc_sums, s)), None
+  def body(carry, xs):
+    acc_grads, acc_sums = carry
+    micro, i = xs
+    g, s = grad_fn(params, micro, jax.random.fold_in(rng, i))
+    add = lambda acc, x: acc + x.astype(acc.dtype)
+    return (jax.tree.map(add, acc_grads, g), jax.tree.map(add, acc_sums, s)), None
 
-    zeros_g = jax.tree.map(jnp.zeros_like, state.params)
-    zeros_s = jax.tree.map(lambda _: jnp.zeros([], jnp.float32),
-                           jax.eval_shape(lambda: loss_sums(
-                               state.params, state.apply_fn,
-                               jax.tree.map(lambda x: x[0], micro_batches), step_rng, True)))
-    (grads, sums), _ = jax.lax.scan(
-        body, (zeros_g, zeros_s), (micro_batches, jnp.arange(grad_accum_steps)))
-
-  return apply_gradients(state, grads, _summarise(sums))
+  first = jax.tree.map(lambda x: x[0], micro_batches)
+  zeros = lambda x: jnp.zeros(x.shape, jnp.float32)
+  zeros_g = jax.tree.map(zeros, params)
+  zeros_s = jax.tree.map(zeros, jax.eval_shape(lambda: loss_fn(params, first, rng)[1]))
+  (grads, sums), _ = jax.lax.scan(
+      body, (zeros_g, zeros_s), (micro_batches, jnp.arange(grad_accum_steps)))
+  return grads, sums
 
 
 def apply_gradients(state: TrainState, grads, metrics: dict[str, jax.Array]

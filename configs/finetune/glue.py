@@ -37,6 +37,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.global_batch_size = 32  # Training examples per step over all hosts.
   config.eval_batch_size = 32  # Dev examples per prediction step over all hosts.
   config.warmup_proportion = 0.1  # Share of the steps with linear warmup; then linear decay to 0.
+  config.eval_every_steps = 0  # Dev evaluation (TensorBoard dev_*) every this many steps, keeping the best checkpoint in WORKDIR/best; 0: only at the end.
+  config.early_stopping_patience = 0  # Stop after this many dev evaluations without a better primary score; 0: never (needs eval_every_steps).
   config.random_init_baseline = False  # Also fine-tune from random initialisation with the same budget; report both.
   config.mode = "train"  # train: fine-tune and score dev | predict: write test-set predictions with the fine-tuned checkpoint in predict_from, no training | train_and_predict: both.
   config.predict_from = ""  # predict mode: a fine-tuning run's checkpoints directory (its latest step) or one step of it; empty: WORKDIR/checkpoints.
@@ -63,6 +65,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.optimizer.bias_correction = True  # False: the original release's Adam (no bias correction).
   config.optimizer.schedule = "linear"  # linear: decay from the peak after warmup | original: the original release's (decay from step 0 under the warmup).
   config.optimizer.clip_norm = 1.0  # Global gradient-norm clipping; 0 disables.
+  config.optimizer.grad_accum_steps = 1  # Micro-batches per step: the global batch is split into this many, their gradients summed in fp32 before one update.
   config.optimizer.max_nonfinite_in_a_row = 10  # A step with a non-finite loss, gradient or updated parameters is skipped (state kept) and counted; this many in a row stop the run.
 
   # The paper's grid: run with --config.sweep.enabled to fine-tune once per (rate, seed).
