@@ -12,11 +12,12 @@ import ml_collections
 
 from bertjax.model import attention
 from bertjax.model.config import BertConfig
+from bertjax.records.schema import OBJECTIVES
 from bertjax.train import sharding as sharding_lib
 from bertjax.train.optimizer import SCHEDULES, phase_boundaries
 
 _GROUPS = {
-    "": {"seed", "total_steps", "init_from", "allow_changes", "compile_cache_dir", "model", "data", "phases",
+    "": {"seed", "objective", "total_steps", "init_from", "allow_changes", "compile_cache_dir", "model", "data", "phases",
          "optimizer", "mesh", "checkpoint", "logging"},
     "model": {f.name for f in dataclasses.fields(BertConfig)},
     "data": {"source", "demo_dir", "vocab_hash", "order", "shuffle_block", "skip_corrupt",
@@ -137,6 +138,12 @@ def _check_splash_heads(model: BertConfig, plan: list[Phase], tensor: int, platf
               f"{platform} for {use} at phase {p.name}'s length {p.max_seq_length}): {fix}")
 
 
+def model_overrides(objective: str) -> dict[str, bool]:
+  """What the objective sets in the model config: ltr's causal mask, and the
+  next-sentence head only for the paper's objective."""
+  return {"causal": objective == "ltr", "next_sentence_head": objective == "mlm+nsp"}
+
+
 def validate(config: ml_collections.ConfigDict, *, num_devices: Optional[int] = None,
              process_count: int = 1, vocab_size: Optional[int] = None,
              platform: Optional[str] = None) -> BertConfig:
@@ -150,8 +157,14 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: Optional[int] = 
   _check_keys(config)
   if config.total_steps <= 0:
     _fail("total_steps", f"must be positive, got {config.total_steps}")
+  objective = config.get("objective", "mlm+nsp")
+  if objective not in OBJECTIVES:
+    _fail("objective", f"{objective!r} is not one of {OBJECTIVES}")
+  if config.model.get("causal", False) and objective != "ltr":
+    _fail("model.causal", f"True needs objective='ltr' (the left-to-right model), got "
+          f"objective={objective!r}; the objective sets it, so leave it False")
   try:
-    model = BertConfig.from_mapping(config.model, **(
+    model = BertConfig.from_mapping(config.model, **model_overrides(objective), **(
         {"vocab_size": vocab_size} if vocab_size else {}))
   except ValueError as e:
     raise ConfigError(f"--config.{e}") from None
