@@ -330,3 +330,31 @@ def test_ltr_export_is_a_decoder_that_transformers_computes_the_same(tmp_path):
     assert "seq_relationship" not in hf_model.params["cls"]
   finally:
     jax.config.update("jax_default_matmul_precision", None)
+
+
+def test_modern_config_builds_on_base_with_mosaicbert_settings():
+  import modern as modern_config  # pylint: disable=g-import-not-at-top
+  config = modern_config.get_config()
+  paper = base.get_config()
+  config.phases.seq128.train_files = "/data/mlm_128/*.tfrecord"
+  model = run_config.validate(config, num_devices=1, platform="gpu")
+  assert config.objective == "mlm" and not model.next_sentence_head and not model.causal
+  for field in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "vocab_size"):
+    assert config.model[field] == paper.model[field]  # BERT-BASE's architecture.
+  assert list(config.phases) == ["seq128"] and config.phases.seq128.global_batch_size == 4096
+  assert config.data.dynamic_masking and config.data.masked_lm_prob == 0.3
+  # 30% of 128 tokens fits the prediction slots.
+  assert round(128 * 0.3) <= config.phases.seq128.max_predictions_per_seq
+  # Warmup is 6% of the steps and the decay ends at 0.02x, also after overrides.
+  assert config.optimizer.warmup_steps == 4200
+  config.total_steps = 1000
+  config.optimizer.learning_rate = 1e-3
+  assert config.optimizer.warmup_steps == 60
+  assert config.optimizer.end_learning_rate == pytest.approx(2e-5)
+  # No attention dropout: 'auto' takes the fused kernel in training.
+  for platform, fused in (("gpu", "cudnn"), ("tpu", "splash")):
+    kernel, _ = attention.choose(model.attention_impl,
+                                 attention_dropout_rate=model.attention_dropout_rate,
+                                 dtype=model.dtype, platform=platform, seq_len=128,
+                                 deterministic=False)
+    assert kernel == fused
