@@ -54,6 +54,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.dynamic_masking = False  # Re-mask on the fly each epoch (RoBERTa style) instead of the stored masks.
   config.data.masked_lm_prob = 0.15  # Masking rate used by dynamic masking.
   config.data.prefetch = 2  # Batches kept in flight on the devices.
+  # Sequence packing (docs/packing.md): off keeps the paper's one example per row.
+  config.data.packing = False  # Pack several examples into each row as batches are read; every loss and metric stays that of the same examples unpacked.
+  config.data.packing_factor = 2.0  # Examples per packed row the batch is sized for: a step packs its global_batch_size examples into global_batch_size / packing_factor rows (a whole number, divisible by the hosts and data-parallel devices); an example that fits in no row leaves its step, counted as packing_overflow. packing_bench measures it for your data.
+  config.data.packing_max_examples_per_row = 3  # At most this many examples (and next-sentence pairs) in a row; at least packing_factor.
+  config.data.packing_max_predictions_per_row = 0  # Masked-LM slots per packed row, at least the phase's max_predictions_per_seq and at most its max_seq_length; 0 takes min(max_examples_per_row x max_predictions_per_seq, max_seq_length).
 
   # The sequence-length schedule: phases run in this order; fractions of
   # total_steps add up to 1; one learning-rate schedule spans them.

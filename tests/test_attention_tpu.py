@@ -4,7 +4,8 @@ Needs libtpu (`pip install "jax[tpu]"`); skipped where it is not installed.
 A child process with JAX_PLATFORMS=cpu compiles a small model's whole train
 step for a v5e 2x2 slice on a data x tensor mesh (heads split over the
 tensor axis through shard_map) and reports whether the compiled program
-holds the Pallas kernels.
+holds the Pallas kernels; also for packed rows, whose packed-example ids are
+splash's segment ids.
 """
 
 import importlib.util
@@ -26,6 +27,7 @@ def _child(payload) -> dict:
   import optax  # pylint: disable=g-import-not-at-top
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
 
+  from bertjax.input import packing  # pylint: disable=g-import-not-at-top
   from bertjax.model.bert import BertForPreTraining  # pylint: disable=g-import-not-at-top
   from bertjax.model.config import BertConfig  # pylint: disable=g-import-not-at-top
   from bertjax.records import schema  # pylint: disable=g-import-not-at-top
@@ -46,8 +48,12 @@ def _child(payload) -> dict:
   with sharding_lib.mesh_context(mesh, rules):
     state, shardings = state_lib.abstract_train_state(model, optax.adamw(1e-4), mesh, rules)
     batch_s = sharding_lib.batch_sharding(mesh)
-    batch = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_s) for k, (shape, dtype)
-             in schema.batch_shapes(8, payload["length"], 4).items()}
+    shapes = (packing.packed_batch_shapes(packing.Packing(
+        max_seq_length=payload["length"], max_predictions_per_seq=4, rows=8,
+        max_examples_per_row=3, max_predictions_per_row=12)) if payload.get("packed")
+              else schema.batch_shapes(8, payload["length"], 4))
+    batch = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_s)
+             for k, (shape, dtype) in shapes.items()}
     rng = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype,
                                sharding=sharding_lib.replicated(mesh))
     lowered = step_lib.jit_train_step(shardings, mesh).lower(state, batch, rng)
@@ -63,8 +69,9 @@ def _libtpu_path():
   return None if spec is None else os.path.dirname(os.path.dirname(spec.origin))
 
 
-@pytest.mark.parametrize("impl,length", [("auto", 128), ("splash", 512), ("xla", 128)])
-def test_train_step_compiles_for_a_tpu_slice(impl, length, tmp_path_factory):
+@pytest.mark.parametrize("impl,length,packed", [("auto", 128, False), ("splash", 512, False),
+                                               ("xla", 128, False), ("auto", 128, True)])
+def test_train_step_compiles_for_a_tpu_slice(impl, length, packed, tmp_path_factory):
   libtpu = _libtpu_path()
   if libtpu is None:
     pytest.skip("libtpu is not installed (pip install 'jax[tpu]')")
@@ -74,7 +81,7 @@ def test_train_step_compiles_for_a_tpu_slice(impl, length, tmp_path_factory):
              # and libtpu otherwise lets one process on the machine load it.
              ALLOW_MULTIPLE_LIBTPU_LOAD="1")
   done = subprocess.run(
-      [sys.executable, __file__, json.dumps({"impl": impl, "length": length})], env=env,
+      [sys.executable, __file__, json.dumps({"impl": impl, "length": length, "packed": packed})], env=env,
       capture_output=True, text=True, timeout=600, check=False)
   assert done.returncode == 0, done.stderr[-6000:]
   result = json.loads(done.stdout.strip().splitlines()[-1])

@@ -363,6 +363,15 @@ def test_throughput_leaves_out_checkpoint_and_eval_time(tmp_path):
   assert summary["goodput"] < 0.3
 
 
+def forbid_building_state(monkeypatch):
+  """Makes building a train state or jitting the step fail the test."""
+  def compiles(*args, **kwargs):
+    raise AssertionError("the run started building its state before the config was checked")
+  monkeypatch.setattr(state_lib, "abstract_train_state", compiles)
+  monkeypatch.setattr(state_lib, "create_train_state", compiles)
+  monkeypatch.setattr(step_lib, "jit_train_step", compiles)
+
+
 BAD_CONFIGS = {
     "hidden_size": ({"model.hidden_size": 30}, r"--config\.model\.hidden_size: 30 is not "
                     r"divisible by model\.num_heads=4"),
@@ -388,12 +397,7 @@ BAD_CONFIGS = {
 @pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
 def test_config_errors_name_the_field_before_anything_compiles(case, tmp_path, monkeypatch):
   overrides, message = BAD_CONFIGS[case]
-
-  def compiles(*args, **kwargs):
-    raise AssertionError("the run started building its state before the config was checked")
-  monkeypatch.setattr(state_lib, "abstract_train_state", compiles)
-  monkeypatch.setattr(state_lib, "create_train_state", compiles)
-  monkeypatch.setattr(step_lib, "jit_train_step", compiles)
+  forbid_building_state(monkeypatch)
   with pytest.raises(run_config.ConfigError, match=message):
     loop.train_and_evaluate(tiny_config(overrides), str(tmp_path))
   assert not os.path.exists(tmp_path / "checkpoints")

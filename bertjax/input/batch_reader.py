@@ -128,14 +128,18 @@ class HostBatches:
 
   rows(step) -> (record indices [b] with -1 for padding, epochs [b]).
   With `vocab_size`, a batch holding a token id >= vocab_size raises
-  ValueError naming the record's file and the id.
+  ValueError naming the record's file and the id. `transform(step, batch)`,
+  if given, turns each checked batch into the one delivered (packing.py's
+  packers); its stats(), if any, join stats().
   """
 
   def __init__(self, records: Records, rows: Callable[[int], tuple[np.ndarray, np.ndarray]],
                batch_size: int, max_seq_length: int, max_predictions_per_seq: int, *,
                skip_corrupt: bool, masking: Optional[masking_lib.MaskingConfig],
-               read_threads: int, prefetch: int, vocab_size: Optional[int] = None):
+               read_threads: int, prefetch: int, vocab_size: Optional[int] = None,
+               transform: Optional[Callable[[int, dict], dict]] = None):
     self._records, self._rows, self._b = records, rows, batch_size
+    self._transform = transform
     self._lengths = (max_seq_length, max_predictions_per_seq)
     self._skip_corrupt, self._masking = skip_corrupt, masking
     self._threads, self._prefetch = read_threads, prefetch
@@ -149,8 +153,10 @@ class HostBatches:
     """skipped_records: broken frames left out when indexing plus corrupt
     records skipped in delivered batches (weight-0 rows, once per read);
     read_retries: further tries of reads after transient I/O errors."""
-    return {"skipped_records": self._records.dropped + self.corrupt_skipped,
-            "read_retries": self._records.reader.retries}
+    stats = {"skipped_records": self._records.dropped + self.corrupt_skipped,
+             "read_retries": self._records.reader.retries}
+    stats.update(getattr(self._transform, "stats", dict)())
+    return stats
 
   def read(self, step: int):
     """(serialized [b], valid [b] float32, example keys [b], epochs [b],
@@ -304,6 +310,8 @@ class HostBatches:
         if step == start_step:
           restore_malloc_thresholds()  # Set by the generator's first call.
         self.check_vocab(step, batch)
+        if self._transform is not None:
+          batch = self._transform(step, batch)
         self.last_step = step
         self.corrupt_skipped += int(skipped)  # Counted as batches are delivered.
         yield batch

@@ -52,9 +52,22 @@ its place); both are counted in `stats()` and logged, as are the retries. A
 record that parses badly (wrong max_seq_length, not a BERT example) always
 raises, naming the file and the offending feature, and so does a token id at
 or above the model's vocab_size.
+
+Packing
+-------
+With `packing` set, the examples of each batch are packed several to a row
+(bertjax/input/packing.py) after parsing and masking, so any records in the
+original layout can be packed. In training, step s packs the same examples
+that the unpacked batch at step s holds into a fixed number of rows (first-fit
+decreasing): the order is still a function of (seed, step), and an example
+that fits in none of the rows is left out of that step and counted
+(stats()["packing_overflow"]). Evaluation plans the packing over all its
+records first (one pass over their lengths): every record once, in file
+order, none left out.
 """
 
 import collections
+import functools
 import os
 import queue
 import threading
@@ -65,6 +78,7 @@ import numpy as np
 
 from bertjax.input import batch_reader
 from bertjax.input import dynamic_masking as masking_lib
+from bertjax.input import packing as packing_lib
 from bertjax.records import fileio
 from bertjax.records import schema
 from bertjax.records import tfrecord
@@ -217,6 +231,9 @@ class TrainSource:
     vocab_hash, require_metadata: checked against metadata.json.
     verify_crc: check each record's CRCs.
     read_threads: threads reading records; prefetch: parsed batches kept ready.
+    packing: None, or a dict of packing.OPTION_KEYS (rows: packed rows per
+      global batch; max_examples_per_row; max_predictions_per_row) to pack
+      each step's global_batch_size examples into that many rows.
   """
 
   def __init__(self, file_pattern: str, global_batch_size: int, *, max_seq_length: int,
@@ -227,7 +244,8 @@ class TrainSource:
                order: str = "files", shuffle_block: int = 1,
                vocab_size: Optional[int] = None, vocab_hash: Optional[str] = None,
                require_metadata: bool = False, verify_crc: bool = True,
-               read_threads: int = 4, prefetch: int = 4):
+               read_threads: int = 4, prefetch: int = 4,
+               packing: Optional[Mapping[str, int]] = None):
     index, count = _process(process_index, process_count)
     if order not in ORDERS:
       raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
@@ -268,10 +286,14 @@ class TrainSource:
       raise ValueError(f"file pattern {file_pattern!r}: no records to read on "
                        f"process {index}.")
     self._stream = _EpochStream(len(self._records), seed, salt, shuffle_block)
+    self.packing = None if packing is None else packing_lib.from_options(
+        packing, process_count=count, max_seq_length=max_seq_length,
+        max_predictions_per_seq=max_predictions_per_seq)
     self._batches = batch_reader.HostBatches(
         self._records, self._rows, self.host_batch_size, max_seq_length,
         max_predictions_per_seq, skip_corrupt=skip_corrupt, masking=masking,
-        read_threads=read_threads, prefetch=prefetch, vocab_size=vocab_size)
+        read_threads=read_threads, prefetch=prefetch, vocab_size=vocab_size,
+        transform=None if self.packing is None else packing_lib.TrainPacker(self.packing))
     batch_reader.check_first_record(self._records, max_seq_length, max_predictions_per_seq)
 
   @property
@@ -301,8 +323,9 @@ class TrainSource:
     """Counts for this process since the source was made, each summable over
     hosts: skipped_records (with skip_corrupt: broken frames left out when
     indexing, each one record or, where no intact frame follows, the rest of
-    its file; plus corrupt records read as weight-0 rows, once per read) and
-    read_retries (further tries of reads after transient I/O errors)."""
+    its file; plus corrupt records read as weight-0 rows, once per read),
+    read_retries (further tries of reads after transient I/O errors) and,
+    with packing, packing_overflow (examples left out of their step)."""
     return self._batches.stats()
 
 
@@ -334,7 +357,8 @@ def eval_batches(file_pattern: str, global_batch_size: int, *, max_seq_length: i
                  skip_corrupt: bool = False,
                  dynamic_masking: Optional[Mapping[str, Any]] = None,
                  vocab_size: Optional[int] = None, verify_crc: bool = True,
-                 read_threads: int = 4) -> EvalBatches:
+                 read_threads: int = 4,
+                 packing: Optional[Mapping[str, int]] = None) -> EvalBatches:
   """Evaluation batches: every record once, in file order, no repeat.
 
   Global batch g is records [g*B, (g+1)*B) of the sorted files and host h
@@ -348,6 +372,13 @@ def eval_batches(file_pattern: str, global_batch_size: int, *, max_seq_length: i
   evaluates on records masked at 15%); the argument is for records without.
   skip_corrupt and vocab_size as for TrainSource; the returned iterator's
   `stats()` counts skipped records and read retries.
+
+  With `packing` (as for TrainSource; rows per global batch), the records
+  are first read once for their lengths, then packed in file order into
+  batches of that many rows, each batch closing when the next record fits
+  in none of its rows (packing.sequential_plan): every record exactly once,
+  the same global batches for any number of hosts, host h taking rows
+  [h*r, (h+1)*r). max_batches counts packed batches.
   """
   index, count = _process(process_index, process_count)
   if global_batch_size <= 0 or global_batch_size % count:
@@ -371,13 +402,38 @@ def eval_batches(file_pattern: str, global_batch_size: int, *, max_seq_length: i
     pos = step * global_batch_size + index * b + np.arange(b, dtype=np.int64)
     return np.where(pos < n, pos, -1), np.zeros(b, np.int64)
 
-  batches = batch_reader.HostBatches(
-      records, rows, b, max_seq_length, max_predictions_per_seq,
-      skip_corrupt=skip_corrupt, masking=masking, read_threads=read_threads, prefetch=2,
-      vocab_size=vocab_size)
   if n:
     batch_reader.check_first_record(records, max_seq_length, max_predictions_per_seq)
-  return EvalBatches(batches, num_batches)
+  reader = functools.partial(
+      batch_reader.HostBatches, records, max_seq_length=max_seq_length,
+      max_predictions_per_seq=max_predictions_per_seq, skip_corrupt=skip_corrupt,
+      masking=masking, read_threads=read_threads, prefetch=2, vocab_size=vocab_size)
+  if packing is not None:
+    packer = _eval_packer(reader, n, packing, index, count, max_seq_length,
+                          max_predictions_per_seq, max_batches)
+    return EvalBatches(reader(packer.rows, packer.slots, transform=packer),
+                       packer.num_batches)
+  return EvalBatches(reader(rows, b), num_batches)
+
+
+_SIZES_BATCH = 256  # Records per batch of the pass that reads eval records' sizes.
+
+
+def _eval_packer(reader, n, options, index, count, max_seq_length, max_predictions_per_seq,
+                 max_batches) -> packing_lib.EvalPacker:
+  """The packing plan of the eval records, from one pass over all of them."""
+  p = packing_lib.from_options(options, process_count=count, max_seq_length=max_seq_length,
+                               max_predictions_per_seq=max_predictions_per_seq)
+
+  def all_rows(step):
+    pos = step * _SIZES_BATCH + np.arange(_SIZES_BATCH, dtype=np.int64)
+    return np.where(pos < n, pos, -1), np.zeros(_SIZES_BATCH, np.int64)
+  sizes = [packing_lib.example_sizes(batch) for batch in
+           reader(all_rows, _SIZES_BATCH).iterate(0, -(-n // _SIZES_BATCH))]
+  tokens, predictions, real = (np.concatenate([s[i] for s in sizes])[:n] if sizes
+                               else np.zeros(0, np.int64) for i in range(3))
+  return packing_lib.EvalPacker(p, tokens, predictions, real.astype(bool), index, count,
+                                max_batches)
 
 
 def _process(index: Optional[int], count: Optional[int]) -> tuple[int, int]:

@@ -17,6 +17,13 @@ CausalMask instead of the FullMask and cuDNN `is_causal`. Queries at some
 positions only (the last pretraining layer) are refused with it: the causal
 objective predicts at every position.
 
+Packed rows (several examples per row, input/packing.py) give the kernels
+the packed-example ids [B, L] (int, 0 for padding) instead of the boolean
+padding mask: XLA builds the block-diagonal mask from them, splash takes
+them as its segment ids, and cuDNN is refused (jax.nn.dot_product_attention
+takes per-row lengths only; `auto` falls back to XLA). A query subset (the
+last layer) gets a boolean [B, Q, S] mask.
+
 Neither fused kernel has attention dropout. `auto` takes the fused kernel
 of the platform when it is valid for the config and the sequence length,
 and XLA otherwise (always when attention dropout is on in training); it
@@ -42,6 +49,11 @@ PLATFORMS = {"splash": ("tpu", "cpu"), "cudnn": ("gpu",)}
 SPLASH_LANES = 128  # Splash blocks are multiples of this; so must L be.
 SPLASH_MAX_BLOCK = 512
 CUDNN_DTYPES = ("bfloat16", "float16")
+
+PACKED_CUDNN = ("model.attention_impl='cudnn' cannot keep packed examples apart "
+                "(jax.nn.dot_product_attention takes one length per row, no "
+                "packed-example ids): set model.attention_impl to 'auto' or 'xla', or "
+                "data.packing=False")
 
 _logged: set[tuple[str, str]] = set()
 
@@ -79,10 +91,15 @@ def _runtime_problem(impl: str, platform: str) -> str | None:
 
 
 def choose(impl: str, *, attention_dropout_rate: float, dtype: str, platform: str,
-           seq_len: int, deterministic: bool) -> tuple[str, str]:
-  """(kernel, reason) for a configured attention_impl; raises ValueError if invalid."""
+           seq_len: int, deterministic: bool, packed: bool = False) -> tuple[str, str]:
+  """(kernel, reason) for a configured attention_impl; raises ValueError if invalid.
+
+  `packed`: the rows hold several examples (packed-example ids).
+  """
   if impl == "xla":
     return "xla", "model.attention_impl='xla'"
+  if packed and impl == "cudnn":
+    raise ValueError(PACKED_CUDNN)
   if impl in FUSED:
     problem = (_runtime_problem(impl, platform)
                or config_problem(impl, 0.0 if deterministic else attention_dropout_rate, dtype))
@@ -93,6 +110,8 @@ def choose(impl: str, *, attention_dropout_rate: float, dtype: str, platform: st
     return "xla", (f"model.attention_dropout_rate={attention_dropout_rate} in training: "
                    "the fused kernels have no attention dropout")
   fused = {"tpu": "splash", "gpu": "cudnn"}.get(platform)
+  if packed and fused == "cudnn":
+    return "xla", "packed rows: cuDNN attention takes no packed-example ids"
   if fused is None:
     return "xla", f"no fused attention kernel for {platform}"
   if fused == "splash" and seq_len % SPLASH_LANES:
@@ -152,6 +171,17 @@ def probabilities_times_values(logits_BxNxLxS, v_BxSxNxH, mask_BxS, keep_BxNxLxS
                                          rate)[0]
 
 
+def _key_mask(mask):
+  """[B, S] (per key) or [B, L, S] (per query and key) -> broadcastable to [B, N, L, S]."""
+  return mask[:, None, None, :] if mask.ndim == 2 else mask[:, None, :, :]
+
+
+def packed_mask(query_ids_BxL, key_ids_BxS):
+  """Block-diagonal mask [B, L, S] from packed-example ids: a query sees the
+  keys of its own example; padding (id 0) is no key."""
+  return (query_ids_BxL[:, :, None] == key_ids_BxS[:, None, :]) & (key_ids_BxS[:, None, :] > 0)
+
+
 def _dropped(probs_BxNxLxS, keep_BxNxLxS, rate):
   if keep_BxNxLxS is None:
     return probs_BxNxLxS
@@ -160,7 +190,7 @@ def _dropped(probs_BxNxLxS, keep_BxNxLxS, rate):
 
 def _probabilities_times_values_fwd(logits_BxNxLxS, v_BxSxNxH, mask_BxS, keep_BxNxLxS, rate):
   big_neg = jnp.finfo(jnp.float32).min
-  logits_BxNxLxS = jnp.where(mask_BxS[:, None, None, :], logits_BxNxLxS.astype(jnp.float32),
+  logits_BxNxLxS = jnp.where(_key_mask(mask_BxS), logits_BxNxLxS.astype(jnp.float32),
                              big_neg)
   probs_BxNxLxS = jax.nn.softmax(logits_BxNxLxS, axis=-1)
   dropped = _dropped(probs_BxNxLxS, keep_BxNxLxS, rate).astype(v_BxSxNxH.dtype)
@@ -179,7 +209,7 @@ def _probabilities_times_values_bwd(rate, residuals, g_BxLxNxH):
                          preferred_element_type=jnp.float32)
   d_probs = _dropped(d_dropped, keep_BxNxLxS, rate)
   d_logits = probs_BxNxLxS * (d_probs - jnp.sum(d_probs * probs_BxNxLxS, -1, keepdims=True))
-  d_logits = jnp.where(mask_BxS[:, None, None, :], d_logits, 0.0)
+  d_logits = jnp.where(_key_mask(mask_BxS), d_logits, 0.0)
   return d_logits, dv_BxSxNxH.astype(v_BxSxNxH.dtype), None, None
 
 
@@ -225,7 +255,8 @@ def splash_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, *, interpret: bo
                      causal: bool = False):
   """Splash attention, sharded over batch and heads when a mesh is set.
 
-  A length that is not a multiple of 128 is padded up to one (the extra
+  mask_BxL (boolean padding mask, or packed-example ids) gives the segment
+  ids. A length that is not a multiple of 128 is padded up to one (the extra
   positions are padding: segment 0) and cut off again.
   """
   length = q_BxLxNxH.shape[1]
@@ -260,10 +291,20 @@ def cudnn_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, *, implementation
       key_value_seq_lengths=lengths_B, implementation=implementation, is_causal=causal)
 
 
+def is_packed(mask) -> bool:
+  """Whether an attention mask is packed-example ids (int) rather than a boolean mask."""
+  return jnp.issubdtype(mask.dtype, jnp.integer)
+
+
 def attend(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, *, impl: str,
            attention_dropout_rate: float, dtype: str, dropout, deterministic: bool,
            causal: bool = False):
-  """Attention by the kernel that `impl` resolves to for this platform and length."""
+  """Attention by the kernel that `impl` resolves to for this platform and length.
+
+  mask_BxL: the boolean padding mask [B, L]; or packed-example ids [B, L]
+  (int, 0 for padding); or, for queries at some positions only, a boolean
+  [B, Q, L] mask (layers.TransformerLayer builds it).
+  """
   platform = target_platform()
   if q_BxLxNxH.shape[1] != k_BxLxNxH.shape[1]:
     if causal:
@@ -271,14 +312,19 @@ def attend(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, *, impl: str,
                        "run the whole sequence (BertForPreTraining does for model.causal)")
     # Queries at some positions only (the last layer in pretraining): small, plain XLA.
     return xla_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, dropout, deterministic)
+  packed = is_packed(mask_BxL)
   kernel, reason = choose(impl, attention_dropout_rate=attention_dropout_rate, dtype=dtype,
                           platform=platform, seq_len=q_BxLxNxH.shape[1],
-                          deterministic=deterministic)
+                          deterministic=deterministic, packed=packed)
   _log_once(kernel, reason)
   if kernel == "splash":
+    # Splash's segment ids: equal ids attend, so packed examples stay apart
+    # and padding (0) stays out of every real token's view.
     return splash_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL,
                             interpret=platform == "cpu", causal=causal)
   if kernel == "cudnn":
     return cudnn_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, causal=causal)
+  if packed:
+    mask_BxL = packed_mask(mask_BxL, mask_BxL)
   return xla_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, dropout, deterministic,
                        causal)

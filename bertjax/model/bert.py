@@ -8,6 +8,11 @@ last encoder layer, too, runs only at [CLS] and the masked positions.
 A causal (left-to-right) model instead predicts the next token at every
 position with the same tied decoder; a model without the next-sentence head
 (config.next_sentence_head False) has no "nsp" parameters and no NSP logits.
+
+Packed rows (several examples in one row, bertjax/input/packing.py) come
+with packed_example_ids (attention stays within an example), position_ids
+(restarting per example) and next_sentence_positions (each example's
+[CLS]); the pooler and the next-sentence head then run once per example.
 """
 
 import flax.linen as nn
@@ -33,12 +38,30 @@ class BertModel(nn.Module):
     self.pooler = dense(c, c.hidden_size, ("embed", "hidden"), "pooler")
 
   def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True,
-               output_positions=None):
+               output_positions=None, packed_example_ids=None, position_ids=None,
+               cls_positions=None):
     """With output_positions [B, Q] (its first column 0, the [CLS] token) the
-    last layer runs only there and the sequence output is [B, Q, D]."""
-    x_BxLxD = self.embeddings(input_ids, segment_ids, deterministic)
-    x_BxLxD = self.encoder(x_BxLxD, attention_mask(input_mask), deterministic, output_positions)
-    pooled_BxD = jnp.tanh(self.pooler(x_BxLxD[:, 0]).astype(jnp.float32))
+    last layer runs only there and the sequence output is [B, Q, D].
+
+    Packed rows: packed_example_ids and position_ids [B, L] and
+    cls_positions [B, K], all three or none; the pooled output is then
+    [B, K, D], one per example, and output_positions (if given) must start
+    with the K cls_positions.
+    """
+    packed = [a is not None for a in (packed_example_ids, position_ids, cls_positions)]
+    if any(packed) and not all(packed):
+      raise ValueError("packed rows need packed_example_ids, position_ids and "
+                       "next_sentence_positions together")
+    mask = attention_mask(input_mask) if packed_example_ids is None else packed_example_ids
+    x_BxLxD = self.embeddings(input_ids, segment_ids, deterministic, position_ids)
+    x_BxLxD = self.encoder(x_BxLxD, mask, deterministic, output_positions)
+    if cls_positions is None:
+      cls_BxD = x_BxLxD[:, 0]
+    elif output_positions is None:
+      cls_BxD = jnp.take_along_axis(x_BxLxD, cls_positions[..., None].astype(jnp.int32), axis=1)
+    else:
+      cls_BxD = x_BxLxD[:, :cls_positions.shape[1]]
+    pooled_BxD = jnp.tanh(self.pooler(cls_BxD).astype(jnp.float32))
     return x_BxLxD, pooled_BxD
 
 
@@ -71,7 +94,10 @@ class BertForPreTraining(nn.Module):
   Returns a dict: sequence_output [B, L, D], pooled_output [B, D],
   mlm_logits [B, P, padded V] (fp32, at masked_lm_positions; columns past
   vocab_size hold the most negative float) and nsp_logits [B, 2]
-  (fp32; class 0 = actual next sentence, 1 = random). With
+  (fp32; class 0 = actual next sentence, 1 = random). Packed rows
+  (packed_example_ids, position_ids and next_sentence_positions [B, K]
+  given) give pooled_output [B, K, D] and nsp_logits [B, K, 2], one per
+  packed example. With
   sequence_output=False (what the train and eval steps use) the last layer
   computes only [CLS] and the masked positions, the rest of its work being
   unread, and the dict has no sequence_output; the other outputs are the same.
@@ -89,21 +115,29 @@ class BertForPreTraining(nn.Module):
       self.nsp = dense(self.config, 2, ("hidden", "classes"), "nsp")
 
   def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions,
-               deterministic: bool = True, sequence_output: bool = True):
+               deterministic: bool = True, sequence_output: bool = True,
+               packed_example_ids=None, position_ids=None, next_sentence_positions=None):
     positions_BxP = masked_lm_positions.astype(jnp.int32)
+    packed = dict(packed_example_ids=packed_example_ids, position_ids=position_ids,
+                  cls_positions=next_sentence_positions)
     out = {}
     if self.config.causal:
-      seq_BxLxD, pooled_BxD = self.bert(input_ids, input_mask, segment_ids, deterministic)
+      seq_BxLxD, pooled_BxD = self.bert(input_ids, input_mask, segment_ids, deterministic,
+                                        **packed)
       out["lm_logits"] = self.mlm(seq_BxLxD, self.bert.embeddings)
     elif sequence_output:
-      seq_BxLxD, pooled_BxD = self.bert(input_ids, input_mask, segment_ids, deterministic)
+      seq_BxLxD, pooled_BxD = self.bert(input_ids, input_mask, segment_ids, deterministic,
+                                        **packed)
       gathered_BxPxD = jnp.take_along_axis(seq_BxLxD, positions_BxP[..., None], axis=1)
     else:
-      # The losses read the last layer at [CLS] and the masked positions only.
-      cls_and_masked = jnp.concatenate([jnp.zeros_like(positions_BxP[:, :1]), positions_BxP], 1)
-      out_Bx1PxD, pooled_BxD = self.bert(input_ids, input_mask, segment_ids, deterministic,
-                                         output_positions=cls_and_masked)
-      gathered_BxPxD = out_Bx1PxD[:, 1:]
+      # The losses read the last layer at [CLS] (each packed example's) and
+      # the masked positions only.
+      cls_BxK = (jnp.zeros_like(positions_BxP[:, :1]) if next_sentence_positions is None
+                 else next_sentence_positions.astype(jnp.int32))
+      cls_and_masked = jnp.concatenate([cls_BxK, positions_BxP], 1)
+      out_BxKPxD, pooled_BxD = self.bert(input_ids, input_mask, segment_ids, deterministic,
+                                         output_positions=cls_and_masked, **packed)
+      gathered_BxPxD = out_BxKPxD[:, cls_BxK.shape[1]:]
     if not self.config.causal:
       out["mlm_logits"] = self.mlm(gathered_BxPxD, self.bert.embeddings)
     if self.config.next_sentence_head:

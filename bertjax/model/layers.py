@@ -175,14 +175,17 @@ class Embeddings(nn.Module):
     self.layer_norm = layer_norm(c, "layer_norm")
     self.dropout = Dropout(c.hidden_dropout_rate)
 
-  def __call__(self, ids_BxL, segment_ids_BxL, deterministic: bool):
+  def __call__(self, ids_BxL, segment_ids_BxL, deterministic: bool, position_ids_BxL=None):
+    """position_ids_BxL: each token's position (packed rows restart them per
+    example); None for 0, 1, ..., L-1."""
     length = ids_BxL.shape[1]
     if length > self.config.max_position_embeddings:
       raise ValueError(
           f"sequence length {length} exceeds model.max_position_embeddings="
           f"{self.config.max_position_embeddings}")
     x_BxLxD = (self.word_embeddings(ids_BxL)
-               + self.position_embeddings(jnp.arange(length)[None, :])
+               + self.position_embeddings(jnp.arange(length)[None, :]
+                                          if position_ids_BxL is None else position_ids_BxL)
                + self.token_type_embeddings(segment_ids_BxL))
     x_BxLxD = self.layer_norm(x_BxLxD).astype(self.config.compute_dtype)
     x_BxLxD = self.dropout(x_BxLxD, deterministic=deterministic)
@@ -328,6 +331,8 @@ class TransformerLayer(nn.Module):
   With `positions_BxQ` the layer computes its output only at those
   positions (keys and values still come from every token) and returns
   [B, Q, D]: what the last layer needs when only some positions are read.
+  mask_BxL is the boolean padding mask or packed-example ids
+  (attention.attend).
   """
   config: BertConfig
   deterministic: bool
@@ -339,6 +344,10 @@ class TransformerLayer(nn.Module):
     queries = None
     if positions_BxQ is not None:
       queries = jnp.take_along_axis(x_BxLxD, positions_BxQ[..., None].astype(jnp.int32), axis=1)
+      if attention.is_packed(mask_BxL):
+        # Packed-example ids: each query keeps to its own example's keys.
+        query_ids_BxQ = jnp.take_along_axis(mask_BxL, positions_BxQ.astype(jnp.int32), axis=1)
+        mask_BxL = attention.packed_mask(query_ids_BxQ, mask_BxL)
     h = SelfAttention(c, name="attention")(x_BxLxD, mask_BxL, self.deterministic, queries)
     h = drop(h, deterministic=self.deterministic)
     if queries is not None:

@@ -38,6 +38,13 @@ FEATURES = {
 # evaluation batch.
 EXAMPLE_WEIGHT_KEY = "next_sentence_weights"
 
+# Fields that a packed batch (bertjax/input/packing.py: several examples per
+# row) adds to the model batch, each [rows, ...]: packed_example_ids and
+# position_ids [rows, max_seq_length], next_sentence_positions
+# [rows, max examples per row]. In a packed batch next_sentence_labels and
+# EXAMPLE_WEIGHT_KEY are [rows, max examples per row] too.
+PACKED_KEYS = ("packed_example_ids", "position_ids", "next_sentence_positions")
+
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 # The pretraining objectives as the paper's ablations (Table 5) name them, and

@@ -60,7 +60,8 @@ def _train_source(config, phase, model_config: BertConfig):
       process_count=jax.process_count(), skip_corrupt=config.data.skip_corrupt,
       dynamic_masking=masking, order=config.data.order,
       shuffle_block=config.data.shuffle_block, vocab_size=model_config.vocab_size,
-      vocab_hash=config.data.vocab_hash or None)
+      vocab_hash=config.data.vocab_hash or None,
+      packing=run_config.packing_options(config, phase))
 
 
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,

@@ -10,6 +10,7 @@ from typing import Optional
 
 import ml_collections
 
+from bertjax.input import packing as packing_lib
 from bertjax.model import attention
 from bertjax.model.config import BertConfig
 from bertjax.records.schema import OBJECTIVES
@@ -21,7 +22,8 @@ _GROUPS = {
          "optimizer", "mesh", "checkpoint", "logging"},
     "model": {f.name for f in dataclasses.fields(BertConfig)},
     "data": {"source", "demo_dir", "vocab_hash", "order", "shuffle_block", "skip_corrupt",
-             "dynamic_masking", "masked_lm_prob", "prefetch"},
+             "dynamic_masking", "masked_lm_prob", "prefetch", "packing", "packing_factor",
+             "packing_max_examples_per_row", "packing_max_predictions_per_row"},
     "optimizer": {"name", "learning_rate", "b1", "b2", "eps", "weight_decay",
                   "bias_correction", "schedule", "clip_norm", "warmup_steps", "end_learning_rate",
                   "per_phase_warmup", "grad_accum_steps", "max_nonfinite_in_a_row"},
@@ -144,6 +146,57 @@ def model_overrides(objective: str) -> dict[str, bool]:
   return {"causal": objective == "ltr", "next_sentence_head": objective == "mlm+nsp"}
 
 
+def packing_options(config: ml_collections.ConfigDict, phase: Phase) -> Optional[dict]:
+  """The pipeline's `packing` dict for `phase` (None when data.packing is off):
+  rows = global_batch_size / data.packing_factor packed rows per global batch."""
+  data = config.get("data", {})
+  if not data.get("packing", False):
+    return None
+  return {"rows": int(round(phase.global_batch_size / float(data.packing_factor))),
+          "max_examples_per_row": int(data.packing_max_examples_per_row),
+          "max_predictions_per_row": int(data.packing_max_predictions_per_row)}
+
+
+def _check_packing(config, model: BertConfig, plan: list[Phase], dp: Optional[int],
+                   process_count: int):
+  """Refuses packing settings that the data, the model or the mesh cannot take."""
+  data = config.data
+  if not data.packing:
+    return
+  if data.source != "tfrecord":
+    _fail("data.packing", f"packs records as they are read; data.source={data.source!r} "
+          "reads none: set data.source='tfrecord' or data.packing=False")
+  if model.attention_impl == "cudnn":
+    _fail("model.attention_impl", attention.PACKED_CUDNN)
+  per_row = int(data.packing_max_examples_per_row)
+  if per_row < 1:
+    _fail("data.packing_max_examples_per_row", f"must be at least 1, got {per_row}")
+  factor = float(data.packing_factor)
+  if not 1.0 <= factor <= per_row:
+    _fail("data.packing_factor", f"must be in [1, data.packing_max_examples_per_row={per_row}]"
+          f", got {factor}")
+  k = config.optimizer.grad_accum_steps
+  for p in plan:
+    rows = p.global_batch_size / factor
+    f = f"phases.{p.name}.global_batch_size"
+    if abs(rows - round(rows)) > 1e-9:
+      _fail("data.packing_factor", f"{p.global_batch_size} examples of phase {p.name} over "
+            f"packing_factor={factor} is {rows:g} rows, not a whole number; change "
+            f"data.packing_factor or --config.{f}")
+    rows = int(round(rows))
+    if rows % process_count or rows % k or (dp is not None and (rows // k) % dp):
+      _fail("data.packing_factor", f"phase {p.name}'s {rows} packed rows do not split over "
+            f"the {process_count} hosts, optimizer.grad_accum_steps={k} and "
+            f"{dp or 1} data-parallel devices; change data.packing_factor or --config.{f}")
+    predictions = int(data.packing_max_predictions_per_row) or (
+        packing_lib.default_predictions_per_row(per_row, p.max_seq_length,
+                                                p.max_predictions_per_seq))
+    problem = packing_lib.predictions_problem(predictions, p.max_seq_length,
+                                              p.max_predictions_per_seq)
+    if problem:
+      raise ConfigError(f"--config.{problem} (phase {p.name})")
+
+
 def validate(config: ml_collections.ConfigDict, *, num_devices: Optional[int] = None,
              process_count: int = 1, vocab_size: Optional[int] = None,
              platform: Optional[str] = None) -> BertConfig:
@@ -163,6 +216,9 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: Optional[int] = 
   if config.model.get("causal", False) and objective != "ltr":
     _fail("model.causal", f"True needs objective='ltr' (the left-to-right model), got "
           f"objective={objective!r}; the objective sets it, so leave it False")
+  if objective == "ltr" and config.data.get("packing", False):
+    _fail("data.packing", "objective='ltr' predicts each row's next tokens, which would "
+          "cross from one packed example into the next: set data.packing=False")
   try:
     model = BertConfig.from_mapping(config.model, **model_overrides(objective), **(
         {"vocab_size": vocab_size} if vocab_size else {}))
@@ -223,4 +279,5 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: Optional[int] = 
     if needs_files and not p.train_files:
       _fail(f"{f}.train_files", "is empty: give a glob of TFRecords, or set "
             "data.source=synthetic or data.demo_dir")
+  _check_packing(config, model, phases(config), dp, process_count)
   return model

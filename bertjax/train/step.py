@@ -13,7 +13,9 @@ cross entropy and accuracy at every position whose next token is real
 accumulation the global batch is split into micro-batches whose gradients
 add up to the gradient of the whole batch (up to float rounding, and with
 each micro-batch drawing its own dropout): every micro-batch loss is divided
-by the whole batch's weight totals.
+by the whole batch's weight totals. Packed batches (schema.PACKED_KEYS
+present) carry next_sentence_labels and weights per packed example, [B, K]:
+the sums run over every example either way.
 """
 
 import functools
@@ -23,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bertjax.records.schema import EXAMPLE_WEIGHT_KEY
+from bertjax.records.schema import EXAMPLE_WEIGHT_KEY, PACKED_KEYS
 from bertjax.train import sharding as sharding_lib
 from bertjax.train.sharding import BATCH_AXES
 from bertjax.train.state import TrainState
@@ -33,10 +35,11 @@ Batch = dict[str, jax.Array]
 
 def loss_sums(params, apply_fn, batch: Batch, rng, deterministic: bool):
   """Weighted sums (not means) of losses and hits, so micro-batches add up."""
+  packed = {k: batch[k] for k in PACKED_KEYS if k in batch}
   out = apply_fn(
       {"params": params}, batch["input_ids"], batch["input_mask"], batch["segment_ids"],
       batch["masked_lm_positions"], deterministic=deterministic, sequence_output=False,
-      rngs=None if deterministic else {"dropout": rng})
+      rngs=None if deterministic else {"dropout": rng}, **packed)
   if "lm_logits" in out:
     # Next-token prediction: position t predicts the token at t + 1.
     mlm_logits_BxPxV = out["lm_logits"][:, :-1]

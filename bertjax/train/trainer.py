@@ -201,7 +201,8 @@ class Trainer:
           max_predictions_per_seq=phase.max_predictions_per_seq,
           process_index=jax.process_index(), process_count=jax.process_count(),
           max_batches=config.logging.eval_batches or None,
-          skip_corrupt=config.data.skip_corrupt, vocab_size=self.run.model_config.vocab_size)
+          skip_corrupt=config.data.skip_corrupt, vocab_size=self.run.model_config.vocab_size,
+          packing=run_config.packing_options(config, phase))
       result = self._evaluator.run(self.state, batches)
       # The eval input's counters (e.g. skipped_records), over all hosts.
       result.update(sum_over_hosts(source_stats(batches)))

@@ -1,0 +1,166 @@
+"""Packed rows give the unpacked computation: losses, metrics and gradients.
+
+The same examples, one per row and then packed several to a row
+(bertjax/input/packing.py), through the pretraining model and the train
+step's loss sums; plus the packing layout itself and the errors.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bertjax.input import packing
+from bertjax.model import attention
+from bertjax.model.bert import BertForPreTraining
+from bertjax.records import schema
+from bertjax.train import step as step_lib
+from data_utils import make_example
+from test_model import init_params, tiny
+
+LENGTH, PREDICTIONS, VOCAB = 32, 5, 97
+
+
+def examples(n: int, seed: int = 0, min_length: int = 6, max_length: int = 14):
+  """n random examples in the parsed batch layout ([n, ...], int32)."""
+  rng = np.random.default_rng(seed)
+  rows = []
+  for _ in range(n):
+    e = make_example(rng, max_length, PREDICTIONS, VOCAB, True, min_length)
+    full = {}
+    for name, value in e.items():
+      if name in ("original_input_ids", "next_sentence_labels"):
+        full[name] = value
+      elif name.startswith("masked_lm"):
+        full[name] = value
+      else:
+        full[name] = np.pad(value, (0, LENGTH - max_length))
+    rows.append(full)
+  batch = {name: np.stack([r[name] for r in rows]) for name in schema.FEATURES}
+  batch = {k: (v.astype(np.float32) if v.dtype.kind == "f" else v.astype(np.int32))
+           for k, v in batch.items()}
+  batch["next_sentence_labels"] = batch["next_sentence_labels"][:, 0]
+  batch[schema.EXAMPLE_WEIGHT_KEY] = np.ones(n, np.float32)
+  return batch
+
+
+def packer(rows: int, per_row: int = 3) -> packing.Packing:
+  return packing.Packing(max_seq_length=LENGTH, max_predictions_per_seq=PREDICTIONS,
+                         rows=rows, max_examples_per_row=per_row,
+                         max_predictions_per_row=per_row * PREDICTIONS)
+
+
+def packed_batch(batch, p, decreasing=True):
+  tokens, preds, real = packing.example_sizes(batch)
+  row, offset = packing.first_fit(tokens, preds, real, p, decreasing)
+  assert (row >= 0).all(), "every example fits"
+  return packing.pack(batch, row, offset, p)
+
+
+def sums_and_grads(config, params, batch):
+  model = BertForPreTraining(config)
+  batch = {k: jnp.asarray(v) for k, v in batch.items()}
+
+  def total(p):
+    sums = step_lib.loss_sums(p["params"], model.apply, batch, None, deterministic=True)
+    return sums["mlm_loss"] + sums["nsp_loss"], sums
+  (_, sums), grads = jax.value_and_grad(total, has_aux=True)(params)
+  return jax.tree.map(np.asarray, sums), jax.tree.map(np.asarray, grads)
+
+
+def test_layout_places_every_example_in_its_own_span():
+  batch = examples(9)
+  p = packer(rows=4)
+  out = packed_batch(batch, p)
+  tokens, _, _ = packing.example_sizes(batch)
+  assert out["input_mask"].sum() == tokens.sum()
+  assert out[schema.EXAMPLE_WEIGHT_KEY].sum() == 9
+  assert out["masked_lm_weights"].sum() == batch["masked_lm_weights"].sum()
+  # Each example's tokens, positions and [CLS] where its slot says.
+  for r in range(p.rows):
+    for k in range(p.max_examples_per_row):
+      if not out[schema.EXAMPLE_WEIGHT_KEY][r, k]:
+        continue
+      span = np.flatnonzero(out["packed_example_ids"][r] == k + 1)
+      assert span[0] == out["next_sentence_positions"][r, k]
+      np.testing.assert_array_equal(out["position_ids"][r, span], np.arange(len(span)))
+      assert out["input_ids"][r, span[0]] == 2  # [CLS]
+  # Masked positions point at tokens whose original id is the label.
+  r, q = np.nonzero(out["masked_lm_weights"])
+  pos = out["masked_lm_positions"][r, q]
+  assert (out["packed_example_ids"][r, pos] > 0).all()
+
+
+def test_fewer_rows_than_needed_leaves_examples_unplaced():
+  batch = examples(9, min_length=12, max_length=14)
+  tokens, preds, real = packing.example_sizes(batch)
+  row, _ = packing.first_fit(tokens, preds, real, packer(rows=2), decreasing=True)
+  assert (row >= 0).sum() == 4 and (row < 0).sum() == 5  # two 12..14-token examples per 32
+
+
+def test_packed_losses_metrics_and_gradients_equal_unpacked():
+  """fp32: summed losses to 1e-5 relative; gradients to 1e-4 relative plus 1e-5 of
+  the largest gradient (the key bias's true gradient is 0: rounding noise only)."""
+  config = tiny(max_position_embeddings=LENGTH)
+  params = init_params(config)
+  batch = examples(9)
+  unpacked_sums, unpacked_grads = sums_and_grads(config, params, batch)
+  packed = packed_batch(batch, packer(rows=4))
+  assert packed["input_ids"].shape[0] < batch["input_ids"].shape[0]
+  packed_sums, packed_grads = sums_and_grads(config, params, packed)
+  for k in unpacked_sums:
+    np.testing.assert_allclose(packed_sums[k], unpacked_sums[k], rtol=1e-5, err_msg=k)
+  assert unpacked_sums["nsp_weight"] == 9
+  scale = max(float(np.abs(b).max()) for b in jax.tree.leaves(unpacked_grads))
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(packed_grads),
+                          jax.tree.leaves(unpacked_grads)):
+    np.testing.assert_allclose(a, b, atol=1e-5 * scale, rtol=1e-4,
+                               err_msg=jax.tree_util.keystr(path))
+
+
+def test_packed_splash_in_interpret_mode_equals_xla():
+  """Splash takes the packed-example ids as its segment ids (Pallas interpret mode on CPU)."""
+  rng = np.random.default_rng(0)
+  b, l, n, h = 2, 128, 2, 16
+  q, k, v = (jnp.asarray(rng.normal(size=(b, l, n, h)), jnp.float32) for _ in range(3))
+  ids = np.zeros((b, l), np.int32)
+  ids[0, :40], ids[0, 40:90], ids[0, 90:100] = 1, 2, 3
+  ids[1, :128] = 1
+  ids = jnp.asarray(ids)
+  splash = attention.splash_attention(q, k, v, ids, interpret=True)
+  xla = attention.xla_attention(q, k, v, attention.packed_mask(ids, ids))
+  real = np.asarray(ids) > 0
+  np.testing.assert_allclose(np.asarray(splash)[real], np.asarray(xla)[real], atol=2e-5)
+
+
+def test_cudnn_refuses_packed_rows_and_auto_falls_back():
+  with pytest.raises(ValueError, match="attention_impl='cudnn' cannot keep packed"):
+    attention.choose("cudnn", attention_dropout_rate=0.0, dtype="bfloat16", platform="gpu",
+                     seq_len=128, deterministic=True, packed=True)
+  kernel, reason = attention.choose("auto", attention_dropout_rate=0.0, dtype="bfloat16",
+                                    platform="gpu", seq_len=128, deterministic=True,
+                                    packed=True)
+  assert kernel == "xla" and "packed" in reason
+  kernel, _ = attention.choose("auto", attention_dropout_rate=0.0, dtype="bfloat16",
+                               platform="tpu", seq_len=128, deterministic=True, packed=True)
+  assert kernel == "splash"
+
+
+def test_packing_refuses_predictions_that_do_not_fit():
+  with pytest.raises(ValueError, match="packing_max_predictions_per_row=4 is below"):
+    packing.Packing(max_seq_length=LENGTH, max_predictions_per_seq=PREDICTIONS, rows=2,
+                    max_examples_per_row=2, max_predictions_per_row=4)
+  with pytest.raises(ValueError, match="packing_max_predictions_per_row=40 exceeds"):
+    packing.Packing(max_seq_length=LENGTH, max_predictions_per_seq=PREDICTIONS, rows=2,
+                    max_examples_per_row=2, max_predictions_per_row=40)
+
+
+def test_model_refuses_partial_packed_inputs():
+  config = tiny(max_position_embeddings=LENGTH)
+  params = init_params(config)
+  out = packed_batch(examples(4), packer(rows=2))
+  model = BertForPreTraining(config)
+  with pytest.raises(ValueError, match="packed_example_ids, position_ids and "
+                     "next_sentence_positions together"):
+    model.apply(params, out["input_ids"], out["input_mask"], out["segment_ids"],
+                out["masked_lm_positions"], packed_example_ids=out["packed_example_ids"])
