@@ -358,3 +358,29 @@ def test_modern_config_builds_on_base_with_mosaicbert_settings():
                                  dtype=model.dtype, platform=platform, seq_len=128,
                                  deterministic=False)
     assert kernel == fused
+
+
+def test_mlm_export_is_a_masked_lm_without_nsp_weights(tmp_path):
+  import transformers  # pylint: disable=g-import-not-at-top
+  jax.config.update("jax_default_matmul_precision", "highest")
+  try:
+    config = BertConfig(**TINY, next_sentence_head=False)
+    batch = _batch(seed=4)
+    model = BertForPreTraining(config)
+    args = (batch["input_ids"], batch["input_mask"], batch["segment_ids"],
+            batch["masked_lm_positions"])
+    params = model.init(jax.random.key(5), *args)
+    assert "nsp" not in params["params"]
+    ours = model.apply(params, *args)
+    hf_files.save_hf_checkpoint(params, config, str(tmp_path), format="flax")
+    hf_model = transformers.FlaxBertForMaskedLM.from_pretrained(str(tmp_path))
+    assert hf_model.config.architectures == ["BertForMaskedLM"]
+    assert not hf_model.config.is_decoder and "seq_relationship" not in hf_model.params["cls"]
+    logits = np.take_along_axis(np.asarray(hf_model(
+        batch["input_ids"], attention_mask=batch["input_mask"],
+        token_type_ids=batch["segment_ids"]).logits), batch["masked_lm_positions"][..., None],
+        axis=1)
+    np.testing.assert_allclose(logits, np.asarray(ours["mlm_logits"])[..., :config.vocab_size],
+                               atol=1e-4)
+  finally:
+    jax.config.update("jax_default_matmul_precision", None)

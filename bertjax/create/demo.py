@@ -262,7 +262,7 @@ def ensure_demo_data(data_dir: str, *, vocab_size: int = 6000,
           show_progress=show_progress, log=lambda *a: None)
       if not done:
         md = schema.read_metadata(out)
-        log(f"demo {split}_{length}: {md.num_instances} instances in {out}")
+        log(f"demo {os.path.basename(out)}: {md.num_instances} instances in {out}")
   return paths
 
 

@@ -136,7 +136,8 @@ def _weight_totals(state: TrainState, batch: Batch):
   every micro-batch's loss sums are divided by."""
   example_w_B = batch[EXAMPLE_WEIGHT_KEY].astype(jnp.float32)
   # apply_fn is the pretraining model's bound apply (state.create_train_state).
-  if state.apply_fn.__self__.config.causal:
+  model = getattr(state.apply_fn, "__self__", None)
+  if model is not None and model.config.causal:
     mlm_w = batch["input_mask"][:, 1:].astype(jnp.float32) * example_w_B[:, None]
   else:
     mlm_w = batch["masked_lm_weights"].astype(jnp.float32)
