@@ -89,7 +89,10 @@ def pretrain(name: str, config, workdir: str, *, checkpoints: int) -> Curve:
   config.logging.eval_batches = 1  # The run's own phase-end evaluation: kept short.
   demo.prepare_config(config, workdir)  # Data first: not in the recipe's time.
   start = time.time()
-  loop.train_and_evaluate(config, workdir)
+  summary = loop.train_and_evaluate(config, workdir)
+  if "preempted_at_step" in summary:
+    raise SystemExit(f"{name}: stopped at step {summary['preempted_at_step']} by a "
+                     "signal; its wall times would not be those of one run. Rerun.")
   ckpt_dir = os.path.join(workdir, "checkpoints")
   steps = sorted(int(d) for d in os.listdir(ckpt_dir) if d.isdigit())
   seconds = [os.path.getmtime(os.path.join(ckpt_dir, str(s))) - start for s in steps]
