@@ -67,7 +67,7 @@ _OBJECTIVE = flags.DEFINE_enum(
     "against --config.objective). mlm+nsp: the paper's sentence pairs; mlm: "
     "contiguous sentences filled to --max_seq_length across documents, a "
     "[SEP] between documents, no pairs (RoBERTa's FULL-SENTENCES); ltr: the "
-    "same rows unmasked, for a left-to-right LM."),
+    "same rows unmasked, for a left-to-right LM.")
 _WWM = flags.DEFINE_bool("do_whole_word_mask", False,
                          "Mask all pieces of a word together.")
 _NUM_OUTPUT_SHARDS = flags.DEFINE_integer("num_output_shards", 16,
