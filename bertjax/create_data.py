@@ -61,6 +61,13 @@ _SHORT_SEQ_PROB = flags.DEFINE_float(
 _DUPE_FACTOR = flags.DEFINE_integer(
     "dupe_factor", 10, "Passes over the input, each with different masks.")
 _RANDOM_SEED = flags.DEFINE_integer("random_seed", 12345, "Random seed.")
+_OBJECTIVE = flags.DEFINE_enum(
+    "objective", "mlm+nsp", ["mlm+nsp", "mlm", "ltr"],
+    "The records' objective (recorded in metadata.json; training checks it "
+    "against --config.objective). mlm+nsp: the paper's sentence pairs; mlm: "
+    "contiguous sentences filled to --max_seq_length across documents, a "
+    "[SEP] between documents, no pairs (RoBERTa's FULL-SENTENCES); ltr: the "
+    "same rows unmasked, for a left-to-right LM.")
 _WWM = flags.DEFINE_bool("do_whole_word_mask", False,
                          "Mask all pieces of a word together.")
 _NUM_OUTPUT_SHARDS = flags.DEFINE_integer("num_output_shards", 16,
@@ -114,6 +121,7 @@ def main(argv):
       dupe_factor=_DUPE_FACTOR.value,
       random_seed=_RANDOM_SEED.value,
       whole_word_mask=_WWM.value,
+      objective=_OBJECTIVE.value,
       num_output_shards=_NUM_OUTPUT_SHARDS.value,
       docs_per_chunk=_DOCS_PER_CHUNK.value,
       partition_bytes=max(1, int(_PARTITION_MB.value * 2**20)))

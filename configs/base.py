@@ -16,6 +16,7 @@ def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
 
   config.seed = 0  # Seeds parameter init, dropout and the data order.
+  config.objective = "mlm+nsp"  # The paper's masked LM + next sentence | mlm (Table 5's No NSP) | ltr (LTR & No NSP: left-to-right LM, causal mask); must match the records' metadata.json (bertjax.create_data --objective).
   config.total_steps = 1_000_000  # Optimizer steps over all phases together.
   config.init_from = ""  # Weights to start from when the workdir has no checkpoint: a bertjax checkpoint dir, a Hugging Face model dir or the original release's TF1 checkpoint dir.
   config.compile_cache_dir = "compile_cache"  # Persistent XLA compilation cache: relative to the workdir, or an absolute or gs:// path; "" turns it off. A restart of the same config compiles from it.
@@ -40,6 +41,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.scan_layers = True  # Stack layers with nn.scan: one compiled layer.
   config.model.remat_policy = "none"  # none | full | dots | dots_no_batch: activation recomputation.
   config.model.attention_impl = "auto"  # auto | xla | splash (TPU) | cudnn (GPU); fused kernels need attention_dropout_rate 0.
+  config.model.causal = False  # Causal attention: pretraining sets it from objective (ltr); fine-tuning takes it from init_from's checkpoint.
 
   # Where batches come from.
   config.data = ml_collections.ConfigDict()

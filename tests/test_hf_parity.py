@@ -372,7 +372,7 @@ def test_config_conversion():
   assert hf.hf_config_to_bertjax(hf_config.to_dict()) == hf.hf_config_to_bertjax(hf_config)
 
   for field, value in (("hidden_act", "gelu_new"), ("hidden_act", "relu"),
-                       ("position_embedding_type", "relative_key"), ("is_decoder", True),
+                       ("position_embedding_type", "relative_key"),
                        ("tie_word_embeddings", False)):
     bad = hf_config.to_dict()
     bad[field] = value

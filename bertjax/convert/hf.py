@@ -97,8 +97,8 @@ def _mapping(config: BertConfig, heads: bool, hf_prefix: Path, bj_prefix: Path):
     for bj, hf, shape, reshape in _LAYER:
       yield (bj_prefix + ("encoder", f"layer_{i}") + bj,
              hf_prefix + ("encoder", "layer", str(i)) + hf, shape, reshape)
-  if heads:
-    yield from _HEADS
+  if heads:  # A model without the next-sentence head (objectives mlm, ltr) has no nsp.
+    yield from (h for h in _HEADS if config.next_sentence_head or h[0][0] != "nsp")
 
 
 def _dims(config: BertConfig) -> dict[str, int]:
@@ -327,7 +327,6 @@ def hf_config_to_bertjax(hf_config, **overrides) -> BertConfig:
       ("hidden_act", "gelu", "bertjax computes the exact (erf) GELU of the original BERT; "
        "another activation would change the model's outputs"),
       ("position_embedding_type", "absolute", "bertjax has learned absolute positions only"),
-      ("is_decoder", False, "bertjax is the bidirectional encoder"),
       ("add_cross_attention", False, "bertjax has no cross-attention"),
       ("tie_word_embeddings", True, "bertjax ties the MLM decoder to the word embeddings"),
   )
@@ -344,7 +343,9 @@ def hf_config_to_bertjax(hf_config, **overrides) -> BertConfig:
       max_position_embeddings=get("max_position_embeddings"),
       type_vocab_size=get("type_vocab_size"),
       initializer_range=float(get("initializer_range")),
-      layer_norm_eps=float(get("layer_norm_eps")))
+      layer_norm_eps=float(get("layer_norm_eps")),
+      # A decoder's self-attention is causal (BertModel's extended attention mask).
+      causal=bool(get("is_decoder")))
   return BertConfig.from_mapping(fields, **overrides)
 
 
@@ -359,7 +360,10 @@ def hf_config_dict(config: BertConfig, architecture: str) -> dict:
       max_position_embeddings=config.max_position_embeddings,
       type_vocab_size=config.type_vocab_size, initializer_range=config.initializer_range,
       layer_norm_eps=config.layer_norm_eps, position_embedding_type="absolute",
-      tie_word_embeddings=True)
+      tie_word_embeddings=True,
+      # A left-to-right model (objective ltr): transformers' BertModel then
+      # applies the same causal mask.
+      is_decoder=config.causal)
 
 
 def bertjax_config_to_hf(config: BertConfig, architecture: str = "BertForPreTraining"):

@@ -236,7 +236,10 @@ def save_hf_checkpoint(params, config: BertConfig, out_dir: str, format: str = "
   `out_dir`, which may be local or gs://.
   """
   hf_params = hf.bertjax_to_hf(params, config, encoder_only=encoder_only)
-  architecture = "BertForPreTraining" if "cls" in hf_params else "BertModel"
+  architecture = "BertModel"
+  if "cls" in hf_params:  # Without NSP: transformers' classes with the MLM head alone.
+    architecture = ("BertForPreTraining" if "seq_relationship" in hf_params["cls"] else
+                    "BertLMHeadModel" if config.causal else "BertForMaskedLM")
   return write_hf_model(hf_params, hf.hf_config_dict(config, architecture), out_dir,
                         format, config_extra)
 

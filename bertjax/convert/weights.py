@@ -27,7 +27,8 @@ from bertjax.train import checkpoint as ckpt_lib
 
 # Fields that must agree between the weights and the model they start.
 ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads",
-                       "intermediate_size", "max_position_embeddings", "type_vocab_size")
+                       "intermediate_size", "max_position_embeddings", "type_vocab_size",
+                       "causal")
 # Leaves with one row per vocab entry (padded to model.padded_vocab_size).
 _VOCAB_ROWS = (("word_embeddings", "embedding"), ("mlm", "output_bias"))
 

@@ -60,7 +60,7 @@ WORK_DIR = "_work"
 # Fields of metadata.json a finished directory must share with a rerun.
 _SAME_FIELDS = ("max_seq_length", "max_predictions_per_seq", "vocab_hash",
                 "vocab_size", "special_ids", "tokenizer", "masking",
-                "random_seed", "source")
+                "random_seed", "source", "objective")
 
 
 def _fingerprint(config, tokenizer, shards) -> dict[str, Any]:
@@ -89,7 +89,8 @@ def build_metadata(config, tokenizer, source, inst, toks, report
       source=source,
       files=[{"name": records.shard_name(s, S), "num_instances": int(inst[s]),
               "num_tokens": int(toks[s])} for s in range(S)],
-      report={k: int(v) for k, v in sorted(report.items())})
+      report={k: int(v) for k, v in sorted(report.items())},
+      objective=config.objective)
 
 
 def check_same(existing: schema.DatasetMetadata, new: schema.DatasetMetadata,

@@ -205,7 +205,7 @@ def ensure_demo_data(data_dir: str, *, vocab_size: int = 6000,
                      eval_fraction: float = 0.1, seed: int = 12345,
                      phases: Optional[dict[int, int]] = None,
                      num_workers: int = 1, show_progress: bool = False,
-                     log=print) -> dict[str, str]:
+                     log=print, objective: str = schema.DEFAULT_OBJECTIVE) -> dict[str, str]:
   """Builds the demo data under `data_dir` where absent; returns its paths.
 
   Returns {"data_dir": dir, "vocab": vocab.txt path, "train_text": path,
@@ -215,6 +215,12 @@ def ensure_demo_data(data_dir: str, *, vocab_size: int = 6000,
   (metadata.json beside the shards), the file pattern pipeline.TrainSource
   and pipeline.eval_batches take. The documents are split between train and
   eval at random (seeded), disjointly.
+
+  Another `objective` (schema.OBJECTIVES) makes the training records for it
+  in `train_{L}_{objective}`; the held-out records stay the paper's
+  (eval_{L}, masked at 15% with PHASES' predictions), so every objective
+  but ltr is evaluated on the same masked tokens; ltr's are its own
+  unmasked rows (`eval_{L}_ltr`).
   """
   phases = dict(PHASES if phases is None else phases)
   os.makedirs(os.path.join(data_dir, "text"), exist_ok=True)
@@ -237,13 +243,18 @@ def ensure_demo_data(data_dir: str, *, vocab_size: int = 6000,
   spec = creation.TokenizerSpec("wordpiece", paths["vocab"], True)
   for length, max_pred in sorted(phases.items()):
     for split, dupe in (("train", dupe_factor), ("eval", eval_dupe_factor)):
-      out = os.path.join(data_dir, f"{split}_{length}")
+      made_for = objective if split == "train" or objective == "ltr" else (
+          schema.DEFAULT_OBJECTIVE)
+      suffix = "" if made_for == schema.DEFAULT_OBJECTIVE else "_" + made_for
+      out = os.path.join(data_dir, f"{split}_{length}{suffix}")
       paths[split][length] = os.path.join(out, "part-*.tfrecord")
       done = schema.read_metadata(out) is not None
       config = creation.CreationConfig(
-          max_seq_length=length, max_predictions_per_seq=max_pred,
+          max_seq_length=length,
+          max_predictions_per_seq=max_pred if split == "train" else PHASES.get(
+              length, max_pred),
           dupe_factor=dupe, random_seed=seed + (0 if split == "train" else 1),
-          num_output_shards=4 if split == "train" else 2)
+          num_output_shards=4 if split == "train" else 2, objective=made_for)
       shards = documents.list_input_shards(paths[f"{split}_text"])
       creation.create_pretraining_data(
           shards, spec, config, out, num_workers=num_workers,
@@ -251,7 +262,7 @@ def ensure_demo_data(data_dir: str, *, vocab_size: int = 6000,
           show_progress=show_progress, log=lambda *a: None)
       if not done:
         md = schema.read_metadata(out)
-        log(f"demo {split}_{length}: {md.num_instances} instances in {out}")
+        log(f"demo {os.path.basename(out)}: {md.num_instances} instances in {out}")
   return paths
 
 
@@ -276,6 +287,9 @@ def prepare_config(config, workdir: str, **data_options) -> Optional[dict]:
   """
   if not config.data.demo_dir:
     return None
+  phases = {p.max_seq_length: p.max_predictions_per_seq for p in config.phases.values()}
+  data_options.setdefault("phases", phases)
+  data_options.setdefault("objective", config.get("objective", schema.DEFAULT_OBJECTIVE))
   paths = ensure_demo_data(fileio.under(workdir, config.data.demo_dir), **data_options)
   for name, phase in config.phases.items():
     length = phase.max_seq_length

@@ -104,11 +104,20 @@ def mask_arrays(ids: np.ndarray, lengths: np.ndarray, num_a: np.ndarray,
   used = chosen < L
   positions = np.sort(np.where(used, chosen + 1 + (chosen >= num_a[:, None]),
                                L), axis=1)
+  masked, positions, labels = _replace_chosen(ids, positions, vocab, gen)
+  return MaskedBatch(masked, lengths, num_a, positions, labels, k,
+                     is_random_next)
+
+
+def _replace_chosen(ids, positions, vocab, gen):
+  """The 80/10/10 draw at the chosen positions (ascending per row, L where
+  unused): (masked ids, positions with 0 where unused, original ids there)."""
+  (B, L), P = ids.shape, positions.shape[1]
   used = positions < L
-  positions[~used] = 0
+  positions = np.where(used, positions, 0)
   labels = np.where(used, np.take_along_axis(ids, positions, axis=1), 0)
   kind = masking.replacements(gen.random((B, P)), gen.random((B, P)))
-  rows = np.broadcast_to(rows[:, None], (B, P))
+  rows = np.broadcast_to(np.arange(B)[:, None], (B, P))
   to_mask = used & (kind == masking.MASK)
   to_random = used & (kind == masking.RANDOM)
   masked = ids.copy()
@@ -116,5 +125,74 @@ def mask_arrays(ids: np.ndarray, lengths: np.ndarray, num_a: np.ndarray,
   replacement = vocab.replacement_array
   masked[rows[to_random], positions[to_random]] = replacement[
       gen.integers(0, len(replacement), int(to_random.sum()))]
-  return MaskedBatch(masked, lengths, num_a, positions, labels, k,
-                     is_random_next)
+  return masked, positions, labels
+
+
+def full_sentence_rows(chunk, max_seq_length: int, vocab: instances.VocabInfo,
+                       rng) -> list[list[int]]:
+  """[CLS] text [SEP] rows of contiguous sentences (RoBERTa's FULL-SENTENCES).
+
+  The chunk's documents (mapper.TokenizedChunk) in an order drawn from `rng`,
+  a [SEP] between consecutive documents, cut into rows of whole sentences
+  filled up to max_seq_length: a row ends before the sentence that would not
+  fit, and a sentence longer than a whole row is truncated to one. A row
+  neither begins nor ends with a document's [SEP].
+  """
+  budget = max_seq_length - 2
+  tokens = chunk.tokens.tolist()
+  starts = chunk._sentence_starts.tolist()  # pylint: disable=protected-access
+  first = chunk._first_sentence.tolist()  # pylint: disable=protected-access
+  order = list(range(len(chunk)))
+  rng.shuffle(order)
+  rows, row = [], []
+
+  def flush():
+    while row and row[-1] == vocab.sep_id:
+      row.pop()
+    if row:
+      rows.append([vocab.cls_id] + row + [vocab.sep_id])
+    row.clear()
+
+  for d in order:
+    if row:
+      row.append(vocab.sep_id)
+    for s in range(first[d], first[d + 1]):
+      sentence = tokens[starts[s]:starts[s + 1]][:budget]
+      if len(row) + len(sentence) > budget:
+        flush()
+      row.extend(sentence)
+  flush()
+  return rows
+
+
+def pad_rows(rows: list[list[int]], max_seq_length: int):
+  """Rows of ids -> (ids_BxL zero-padded, lengths_B)."""
+  lengths = np.fromiter(map(len, rows), np.int64, len(rows))
+  ids = np.zeros((len(rows), max_seq_length), np.int64)
+  ids[np.arange(max_seq_length)[None, :] < lengths[:, None]] = np.concatenate(
+      [np.asarray(r, np.int64) for r in rows]) if rows else []
+  return ids, lengths
+
+
+def mask_single_segment(ids: np.ndarray, lengths: np.ndarray, masked_lm_prob: float,
+                        max_predictions_per_seq: int, vocab: instances.VocabInfo,
+                        gen: np.random.Generator) -> MaskedBatch:
+  """The masked-LM rule (records/masking.py) on one-segment [CLS] text [SEP]
+  rows, whose candidates are every position but [CLS] and the [SEP]s; each
+  row's masking.num_predictions positions are the candidates of the smallest
+  uniform draws. masked_lm_prob 0 leaves the rows unmasked (no predictions).
+  The whole row is segment 0 (num_a = length - 2)."""
+  (B, L), P = ids.shape, max_predictions_per_seq
+  real = np.arange(L)[None, :] < lengths[:, None]
+  cand = real & (ids != vocab.cls_id) & (ids != vocab.sep_id)
+  if masked_lm_prob > 0:
+    k = masking.num_predictions(lengths, masked_lm_prob, P, cand.sum(1))
+  else:
+    k = np.zeros(B, np.int64)
+  u = np.where(cand, gen.random((B, L)), 2.0)
+  chosen = np.argsort(u, axis=1, kind="stable")[:, :P]
+  used = np.arange(P)[None, :] < k[:, None]
+  positions = np.sort(np.where(used, chosen, L), axis=1)
+  masked, positions, labels = _replace_chosen(ids, positions, vocab, gen)
+  return MaskedBatch(masked, lengths, lengths - 2, positions, labels, k,
+                     np.zeros(B, bool))

@@ -31,6 +31,7 @@ from bertjax.create import documents
 from bertjax.create import instance_batches
 from bertjax.create import instances as instances_lib
 from bertjax.create import records
+from bertjax.records import schema
 from bertjax.records import tfrecord
 
 # Sort key of a record: random key, then its origin (partition, chunk, dupe
@@ -54,6 +55,7 @@ class CreationConfig:
   dupe_factor: int = 10  # --dupe_factor
   random_seed: int = 12345  # --random_seed
   whole_word_mask: bool = False  # --do_whole_word_mask
+  objective: str = schema.DEFAULT_OBJECTIVE  # --objective (schema.OBJECTIVES)
   num_output_shards: int = 16  # --num_output_shards
   docs_per_chunk: int = 2048  # --docs_per_chunk: the scope of random-next B.
   chunk_chars: int = 32 << 20  # A chunk also ends at about this much text.
@@ -84,9 +86,26 @@ class CreationConfig:
       bad("docs_per_chunk", "must be at least 2 (B comes from another document).")
     if self.partition_bytes < 1:
       bad("partition_bytes", "must be positive.")
+    if self.objective not in schema.OBJECTIVES:
+      bad("objective", f"must be one of {schema.OBJECTIVES}.")
+    if self.whole_word_mask and self.objective != schema.DEFAULT_OBJECTIVE:
+      bad("objective", "whole-word masking makes the paper's pairs only; use "
+          "--objective=mlm+nsp or drop --do_whole_word_mask.")
 
   def masking(self) -> dict[str, Any]:
     """The `masking` entry of the metadata."""
+    if self.objective != schema.DEFAULT_OBJECTIVE:
+      return {
+          "premasked": self.objective == "mlm",
+          "masked_lm_prob": self.masked_lm_prob,
+          "dupe_factor": self.dupe_factor,
+          "docs_per_chunk": self.docs_per_chunk,
+          "chunk_chars": self.chunk_chars,
+          "partition_bytes": self.partition_bytes,
+          "rows": "full sentences across documents, [SEP] between documents, "
+                  "documents in a random order per dupe pass",
+          "replacement_tokens": "non-special",
+      }
     return {
         "premasked": True,
         "masked_lm_prob": self.masked_lm_prob,
@@ -273,6 +292,8 @@ class ShardMapper:
     masked `Instance`s for whole-word masking, which masks each instance in
     Python as it is made."""
     c = self.config
+    if c.objective != schema.DEFAULT_OBJECTIVE:
+      return instance_batches.full_sentence_rows(chunk, c.max_seq_length, self.vocab, rng)
     if c.whole_word_mask:
       docs = chunk.documents()
       return [inst for d in range(len(docs))
@@ -290,7 +311,13 @@ class ShardMapper:
     """(frames, frame lengths, token counts) of a batch of instances, rows
     in `order`."""
     c = self.config
-    if c.whole_word_mask:
+    if c.objective != schema.DEFAULT_OBJECTIVE:
+      ids, lengths = instance_batches.pad_rows([part[i] for i in order.tolist()],
+                                               c.max_seq_length)
+      rows = instance_batches.mask_single_segment(
+          ids, lengths, c.masked_lm_prob if c.objective == "mlm" else 0.0,
+          c.max_predictions_per_seq, self.vocab, rng.generator).rows()
+    elif c.whole_word_mask:
       part = [part[i] for i in order.tolist()]
       frames, frame_lengths = self.encoder.frame_rows(
           [(i.input_ids, i.num_a, i.masked_lm_positions, i.masked_lm_ids,

@@ -104,10 +104,15 @@ def list_files(file_pattern: str) -> list[str]:
 
 
 def check_metadata(file_pattern: str, *, max_seq_length: int,
-                   max_predictions_per_seq: int, vocab_size: Optional[int] = None,
+                   max_predictions_per_seq: Optional[int], vocab_size: Optional[int] = None,
                    vocab_hash: Optional[str] = None,
-                   require: bool = False) -> Optional[schema.DatasetMetadata]:
+                   require: bool = False,
+                   objective: Optional[str] = None) -> Optional[schema.DatasetMetadata]:
   """Checks the metadata.json beside the files against the config.
+
+  With `objective` (schema.OBJECTIVES) the records must have been made for
+  it; records without metadata.json count as the paper's (mlm+nsp), so any
+  other objective refuses them.
 
   Raises ValueError naming the metadata file and field on a mismatch. The
   model's vocab may be larger than the data's (padded), not smaller. Without
@@ -119,6 +124,15 @@ def check_metadata(file_pattern: str, *, max_seq_length: int,
   for directory in sorted({os.path.dirname(f) for f in list_files(file_pattern)}):
     md = schema.read_metadata(directory)
     path = schema.metadata_path(directory)
+    made_for = md.objective if md is not None else schema.DEFAULT_OBJECTIVE
+    if objective is not None and made_for != objective:
+      have = (f"objective is {made_for!r}" if md is not None else
+              f"there is no {schema.METADATA_FILENAME}, so the records are taken as the "
+              f"original release's ({made_for!r})")
+      raise ValueError(f"{path}: {have} but the config has objective={objective!r}; "
+                       "create the data with --objective="
+                       f"{objective} (bertjax.create_data) or set --config.objective="
+                       f"{made_for}.")
     if md is None:
       if require:
         raise ValueError(f"{directory}: no {schema.METADATA_FILENAME}, so the data "
@@ -134,7 +148,8 @@ def check_metadata(file_pattern: str, *, max_seq_length: int,
                        "use data made for this config or change the config.")
     if md.max_seq_length != max_seq_length:
       bad("max_seq_length", md.max_seq_length, max_seq_length)
-    if md.max_predictions_per_seq != max_predictions_per_seq:
+    if (max_predictions_per_seq is not None
+        and md.max_predictions_per_seq != max_predictions_per_seq):
       bad("max_predictions_per_seq", md.max_predictions_per_seq, max_predictions_per_seq)
     if vocab_size is not None and md.vocab_size > vocab_size:
       raise ValueError(f"{path}: vocab_size is {md.vocab_size} but the model's "
@@ -382,6 +397,9 @@ def eval_batches(file_pattern: str, global_batch_size: int, *, max_seq_length: i
   max_batches); rows past the last record are padding with
   next_sentence_weights = masked_lm_weights = 0. With dynamic_masking the
   mask is that of epoch 0 (seed 0 unless given), the same on every call.
+  Records with metadata.json have its max_predictions_per_seq (the model
+  reads any number of predictions: an MLM-only model trained at 30% masking
+  evaluates on records masked at 15%); the argument is for records without.
   skip_corrupt and vocab_size as for TrainSource; the returned iterator's
   `stats()` counts skipped records and read retries.
 
@@ -398,8 +416,9 @@ def eval_batches(file_pattern: str, global_batch_size: int, *, max_seq_length: i
                      f"of the {count} processes; change the batch size.")
   files = list_files(file_pattern)
   metadata = check_metadata(file_pattern, max_seq_length=max_seq_length,
-                            max_predictions_per_seq=max_predictions_per_seq,
-                            vocab_size=vocab_size)
+                            max_predictions_per_seq=None, vocab_size=vocab_size)
+  if metadata is not None:
+    max_predictions_per_seq = metadata.max_predictions_per_seq
   masking = _masking_config(dynamic_masking, metadata, max_predictions_per_seq, 0,
                             file_pattern)
   records = batch_reader.Records(files, range(len(files)), skip_corrupt, verify_crc,
@@ -461,7 +480,8 @@ def _masking_config(options, metadata, max_predictions_per_seq, seed, file_patte
   if options is not None:
     return masking_lib.from_options(options, max_predictions_per_seq=max_predictions_per_seq,
                                     seed=seed, metadata=metadata)
-  if metadata is not None and metadata.masking.get("premasked") is False:
+  if (metadata is not None and metadata.masking.get("premasked") is False
+      and metadata.objective != "ltr"):  # ltr predicts every next token: no masks.
     raise ValueError(f"{file_pattern}: metadata says the records carry no masks; "
                      "set dynamic_masking (e.g. {}) to mask them as they are read.")
   return None

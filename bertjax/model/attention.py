@@ -11,6 +11,12 @@
   (GPU, bf16/fp16), the padding as per-sequence lengths, which assumes
   right padding (BERT's input_mask is 1...1 0...0).
 
+With `causal` (a left-to-right model) each query sees only the keys at
+its own position and before: XLA masks the logits, splash takes a
+CausalMask instead of the FullMask and cuDNN `is_causal`. Queries at some
+positions only (the last pretraining layer) are refused with it: the causal
+objective predicts at every position.
+
 Packed rows (several examples per row, input/packing.py) give the kernels
 the packed-example ids [B, L] (int, 0 for padding) instead of the boolean
 padding mask: XLA builds the block-diagonal mask from them, splash takes
@@ -124,17 +130,23 @@ def _log_once(kernel: str, reason: str):
 
 
 def xla_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, dropout=None,
-                  deterministic: bool = True):
+                  deterministic: bool = True, causal: bool = False):
   """Plain attention with fp32 softmax and (optional) dropout on the probabilities.
 
   `dropout` is a dropout.Dropout, which draws the keep-mask. Softmax, dropout
   and the product with the values are one function with a written-out
-  gradient (probabilities_times_values).
+  gradient (probabilities_times_values). With `causal` the logits of later
+  keys are the most negative float before the softmax, so those keys get
+  probability 0 and no gradient.
   """
   head_dim = q_BxLxNxH.shape[-1]
   logits_BxNxLxL = jnp.einsum("blnh,bsnh->bnls", q_BxLxNxH, k_BxLxNxH,
                               preferred_element_type=jnp.float32)
   logits_BxNxLxL = logits_BxNxLxL / jnp.sqrt(jnp.float32(head_dim))
+  if causal:
+    length, keys = logits_BxNxLxL.shape[-2:]
+    earlier_LxS = jnp.arange(keys)[None, :] <= jnp.arange(length)[:, None]
+    logits_BxNxLxL = jnp.where(earlier_LxS, logits_BxNxLxL, jnp.finfo(jnp.float32).min)
   keep, rate = None, 0.0
   if dropout is not None and not deterministic and dropout.rate > 0:
     keep, rate = dropout.mask(logits_BxNxLxL.shape), dropout.rate
@@ -216,11 +228,14 @@ def splash_block_sizes(seq_len: int):
                            block_kv_dq=b)
 
 
-def _splash_local(q_BxNxLxH, k_BxNxLxH, v_BxNxLxH, seg_BxL, interpret: bool):
+def _splash_local(q_BxNxLxH, k_BxNxLxH, v_BxNxLxH, seg_BxL, interpret: bool,
+                  causal: bool = False):
   """Splash over the (local) batch and heads; segment ids keep padding apart."""
   from jax.experimental.pallas.ops.tpu import splash_attention as splash  # pylint: disable=g-import-not-at-top
   heads, seq_len = q_BxNxLxH.shape[1], q_BxNxLxH.shape[2]
-  mask = splash.MultiHeadMask([splash.FullMask((seq_len, seq_len))] * heads)
+  shape = (seq_len, seq_len)
+  mask = splash.MultiHeadMask(
+      [splash.CausalMask(shape) if causal else splash.FullMask(shape)] * heads)
   kernel = splash.make_splash_mha(mask, block_sizes=splash_block_sizes(seq_len),
                                   head_shards=1, q_seq_shards=1, interpret=interpret)
   segments = splash.SegmentIds(q=seg_BxL, kv=seg_BxL)
@@ -236,7 +251,8 @@ def _divisible_spec(spec, shape, mesh):
       *(axes if fits(axes, size) else None for axes, size in zip(spec, shape)))
 
 
-def splash_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, *, interpret: bool = False):
+def splash_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, *, interpret: bool = False,
+                     causal: bool = False):
   """Splash attention, sharded over batch and heads when a mesh is set.
 
   mask_BxL (boolean padding mask, or packed-example ids) gives the segment
@@ -251,7 +267,7 @@ def splash_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, *, interpret: bo
   heads_major = lambda t: pad(t).transpose(0, 2, 1, 3)
   q, k, v = (heads_major(t) for t in (q_BxLxNxH, k_BxLxNxH, v_BxLxNxH))
   seg_BxL = pad(mask_BxL.astype(jnp.int32))
-  local = functools.partial(_splash_local, interpret=interpret)
+  local = functools.partial(_splash_local, interpret=interpret, causal=causal)
   mesh = jax.sharding.get_abstract_mesh()
   if not mesh.empty:
     qkv_spec = _divisible_spec(nn.logical_to_mesh_axes(
@@ -262,7 +278,8 @@ def splash_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, *, interpret: bo
   return local(q, k, v, seg_BxL).transpose(0, 2, 1, 3)[:, :length]
 
 
-def cudnn_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, *, implementation="cudnn"):
+def cudnn_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, *, implementation="cudnn",
+                    causal: bool = False):
   """jax.nn.dot_product_attention with the padding given as sequence lengths.
 
   The lengths count each row's real tokens, so the mask must be right
@@ -271,7 +288,7 @@ def cudnn_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, *, implementation
   lengths_B = jnp.maximum(jnp.sum(mask_BxL, axis=-1, dtype=jnp.int32), 1)
   return jax.nn.dot_product_attention(
       q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, query_seq_lengths=lengths_B,
-      key_value_seq_lengths=lengths_B, implementation=implementation)
+      key_value_seq_lengths=lengths_B, implementation=implementation, is_causal=causal)
 
 
 def is_packed(mask) -> bool:
@@ -280,7 +297,8 @@ def is_packed(mask) -> bool:
 
 
 def attend(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, *, impl: str,
-           attention_dropout_rate: float, dtype: str, dropout, deterministic: bool):
+           attention_dropout_rate: float, dtype: str, dropout, deterministic: bool,
+           causal: bool = False):
   """Attention by the kernel that `impl` resolves to for this platform and length.
 
   mask_BxL: the boolean padding mask [B, L]; or packed-example ids [B, L]
@@ -289,6 +307,9 @@ def attend(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, *, impl: str,
   """
   platform = target_platform()
   if q_BxLxNxH.shape[1] != k_BxLxNxH.shape[1]:
+    if causal:
+      raise ValueError("model.causal: queries at some positions only have no causal mask; "
+                       "run the whole sequence (BertForPreTraining does for model.causal)")
     # Queries at some positions only (the last layer in pretraining): small, plain XLA.
     return xla_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, dropout, deterministic)
   packed = is_packed(mask_BxL)
@@ -300,9 +321,10 @@ def attend(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, *, impl: str,
     # Splash's segment ids: equal ids attend, so packed examples stay apart
     # and padding (0) stays out of every real token's view.
     return splash_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL,
-                            interpret=platform == "cpu")
+                            interpret=platform == "cpu", causal=causal)
   if kernel == "cudnn":
-    return cudnn_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL)
+    return cudnn_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, causal=causal)
   if packed:
     mask_BxL = packed_mask(mask_BxL, mask_BxL)
-  return xla_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, dropout, deterministic)
+  return xla_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, dropout, deterministic,
+                       causal)

@@ -5,6 +5,9 @@
 `masked_lm_positions` (gathered first, as the original release does), so
 pretraining never forms the full sequence x vocab logits; in training the
 last encoder layer, too, runs only at [CLS] and the masked positions.
+A causal (left-to-right) model instead predicts the next token at every
+position with the same tied decoder; a model without the next-sentence head
+(config.next_sentence_head False) has no "nsp" parameters and no NSP logits.
 
 Packed rows (several examples in one row, bertjax/input/packing.py) come
 with packed_example_ids (attention stays within an example), position_ids
@@ -98,13 +101,18 @@ class BertForPreTraining(nn.Module):
   sequence_output=False (what the train and eval steps use) the last layer
   computes only [CLS] and the masked positions, the rest of its work being
   unread, and the dict has no sequence_output; the other outputs are the same.
+  Without config.next_sentence_head there is no nsp_logits. A causal model
+  (config.causal) returns lm_logits [B, L, padded V] instead of mlm_logits:
+  at position t the logits of the token at t + 1 (masked_lm_positions is
+  unread); its last layer always runs at every position.
   """
   config: BertConfig
 
   def setup(self):
     self.bert = BertModel(self.config)
     self.mlm = MaskedLMHead(self.config)
-    self.nsp = dense(self.config, 2, ("hidden", "classes"), "nsp")
+    if self.config.next_sentence_head:
+      self.nsp = dense(self.config, 2, ("hidden", "classes"), "nsp")
 
   def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions,
                deterministic: bool = True, sequence_output: bool = True,
@@ -112,7 +120,12 @@ class BertForPreTraining(nn.Module):
     positions_BxP = masked_lm_positions.astype(jnp.int32)
     packed = dict(packed_example_ids=packed_example_ids, position_ids=position_ids,
                   cls_positions=next_sentence_positions)
-    if sequence_output:
+    out = {}
+    if self.config.causal:
+      seq_BxLxD, pooled_BxD = self.bert(input_ids, input_mask, segment_ids, deterministic,
+                                        **packed)
+      out["lm_logits"] = self.mlm(seq_BxLxD, self.bert.embeddings)
+    elif sequence_output:
       seq_BxLxD, pooled_BxD = self.bert(input_ids, input_mask, segment_ids, deterministic,
                                         **packed)
       gathered_BxPxD = jnp.take_along_axis(seq_BxLxD, positions_BxP[..., None], axis=1)
@@ -125,10 +138,11 @@ class BertForPreTraining(nn.Module):
       out_BxKPxD, pooled_BxD = self.bert(input_ids, input_mask, segment_ids, deterministic,
                                          output_positions=cls_and_masked, **packed)
       gathered_BxPxD = out_BxKPxD[:, cls_BxK.shape[1]:]
-    mlm_logits_BxPxV = self.mlm(gathered_BxPxD, self.bert.embeddings)
-    nsp_logits_Bx2 = self.nsp(pooled_BxD).astype(jnp.float32)
-    out = {"pooled_output": pooled_BxD, "mlm_logits": mlm_logits_BxPxV,
-           "nsp_logits": nsp_logits_Bx2}
+    if not self.config.causal:
+      out["mlm_logits"] = self.mlm(gathered_BxPxD, self.bert.embeddings)
+    if self.config.next_sentence_head:
+      out["nsp_logits"] = self.nsp(pooled_BxD).astype(jnp.float32)
+    out["pooled_output"] = pooled_BxD
     if sequence_output:
       out["sequence_output"] = seq_BxLxD
     return out

@@ -42,6 +42,13 @@ class BertConfig:
   # fused kernel when valid, XLA otherwise and whenever attention dropout is
   # on in training (the fused kernels have none); see model/attention.py.
   attention_impl: str = "auto"
+  # Each token attends only to itself and the tokens before it (a left-to-
+  # right model: the paper's "LTR & No NSP" ablation). Every attention
+  # kernel honours it; exports record it (Hugging Face's is_decoder).
+  causal: bool = False
+  # BertForPreTraining has the next-sentence head (the paper's objective);
+  # False for the objectives without NSP, whose parameters then have no "nsp".
+  next_sentence_head: bool = True
 
   def __post_init__(self):
     def bad(field, why):

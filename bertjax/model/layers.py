@@ -304,7 +304,8 @@ class SelfAttention(nn.Module):
     out_BxLxNxH = attention.attend(
         q, k, v, mask_BxL, impl=c.attention_impl,
         attention_dropout_rate=c.attention_dropout_rate, dtype=c.dtype,
-        dropout=Dropout(c.attention_dropout_rate), deterministic=deterministic)
+        dropout=Dropout(c.attention_dropout_rate), deterministic=deterministic,
+        causal=c.causal)
     out_BxLxNxH = nn.with_logical_constraint(out_BxLxNxH, heads_axes)
     return dense(c, c.hidden_size, ("heads", "kv", "embed"), "output",
                  contract=2)(out_BxLxNxH)

@@ -47,6 +47,18 @@ PACKED_KEYS = ("packed_example_ids", "position_ids", "next_sentence_positions")
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
+# The pretraining objectives as the paper's ablations (Table 5) name them, and
+# the records each is trained on:
+#   mlm+nsp  BERT: masked LM and next sentence; [CLS] A [SEP] B [SEP] pairs,
+#            half with a random B (the original release's records).
+#   mlm      "No NSP" (RoBERTa's FULL-SENTENCES, MosaicBERT): masked LM only;
+#            [CLS] text [SEP], contiguous sentences filled to the length across
+#            documents, a [SEP] between documents; next_sentence_labels 0.
+#   ltr      "LTR & No NSP": a left-to-right LM predicting every next token;
+#            the same rows as mlm, unmasked.
+OBJECTIVES = ("mlm+nsp", "mlm", "ltr")
+DEFAULT_OBJECTIVE = "mlm+nsp"
+
 
 def feature_length(name: str, max_seq_length: int, max_predictions_per_seq: int) -> int:
   """The fixed length of feature `name` for the given sizes."""
@@ -100,6 +112,9 @@ class DatasetMetadata:
   # Counts of anything skipped or repaired while creating the data
   # (e.g. {"invalid_utf8_lines": 3, "empty_documents": 2}).
   report: dict[str, int] = dataclasses.field(default_factory=dict)
+  # The objective the records are made for (OBJECTIVES); metadata written
+  # before the field existed is the paper's.
+  objective: str = DEFAULT_OBJECTIVE
   schema_version: int = SCHEMA_VERSION
 
   def to_json(self) -> str:

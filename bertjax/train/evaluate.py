@@ -55,5 +55,5 @@ class Evaluator:
     targets, nsp = counts["target_counts"], counts["nsp_counts"]
     result["mlm_baseline_accuracy"] = float(targets.max() / max(targets.sum(), 1))
     result["nsp_baseline_accuracy"] = float(nsp.max() / max(nsp.sum(), 1))
-    result["num_examples"] = float(sums["nsp_weight"])
+    result["num_examples"] = float(sums["examples"])
     return result

@@ -127,6 +127,16 @@ def _setup(config) -> tuple[Run, BertForPreTraining, Any, dict[str, Any]]:
                                      process_count=jax.process_count(),
                                      vocab_size=vocab_size, platform=jax.default_backend())
   plan = run_config.phases(config)
+  if config.data.source == "tfrecord":
+    for p in plan:  # The records must be made for the objective (their metadata.json).
+      if not p.train_files:
+        continue
+      try:
+        pipeline.check_metadata(p.train_files, max_seq_length=p.max_seq_length,
+                                max_predictions_per_seq=p.max_predictions_per_seq,
+                                objective=config.objective)
+      except ValueError as e:
+        raise run_config.ConfigError(f"--config.phases.{p.name}.train_files: {e}") from None
   schedule = opt_lib.learning_rate_schedule(
       config.optimizer, config.total_steps, [p.start for p in plan] + [plan[-1].end],
       [p.warmup_steps for p in plan])

@@ -13,11 +13,12 @@ import ml_collections
 from bertjax.input import packing as packing_lib
 from bertjax.model import attention
 from bertjax.model.config import BertConfig
+from bertjax.records.schema import OBJECTIVES
 from bertjax.train import sharding as sharding_lib
 from bertjax.train.optimizer import SCHEDULES, phase_boundaries
 
 _GROUPS = {
-    "": {"seed", "total_steps", "init_from", "allow_changes", "compile_cache_dir", "model", "data", "phases",
+    "": {"seed", "objective", "total_steps", "init_from", "allow_changes", "compile_cache_dir", "model", "data", "phases",
          "optimizer", "mesh", "checkpoint", "logging"},
     "model": {f.name for f in dataclasses.fields(BertConfig)},
     "data": {"source", "demo_dir", "vocab_hash", "order", "shuffle_block", "skip_corrupt",
@@ -140,6 +141,12 @@ def _check_splash_heads(model: BertConfig, plan: list[Phase], tensor: int, platf
               f"{platform} for {use} at phase {p.name}'s length {p.max_seq_length}): {fix}")
 
 
+def model_overrides(objective: str) -> dict[str, bool]:
+  """What the objective sets in the model config: ltr's causal mask, and the
+  next-sentence head only for the paper's objective."""
+  return {"causal": objective == "ltr", "next_sentence_head": objective == "mlm+nsp"}
+
+
 def packing_options(config: ml_collections.ConfigDict, phase: Phase) -> Optional[dict]:
   """The pipeline's `packing` dict for `phase` (None when data.packing is off):
   rows = global_batch_size / data.packing_factor packed rows per global batch."""
@@ -207,8 +214,17 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: Optional[int] = 
   _check_keys(config)
   if config.total_steps <= 0:
     _fail("total_steps", f"must be positive, got {config.total_steps}")
+  objective = config.get("objective", "mlm+nsp")
+  if objective not in OBJECTIVES:
+    _fail("objective", f"{objective!r} is not one of {OBJECTIVES}")
+  if config.model.get("causal", False) and objective != "ltr":
+    _fail("model.causal", f"True needs objective='ltr' (the left-to-right model), got "
+          f"objective={objective!r}; the objective sets it, so leave it False")
+  if objective == "ltr" and config.data.get("packing", False):
+    _fail("data.packing", "objective='ltr' predicts each row's next tokens, which would "
+          "cross from one packed example into the next: set data.packing=False")
   try:
-    model = BertConfig.from_mapping(config.model, **(
+    model = BertConfig.from_mapping(config.model, **model_overrides(objective), **(
         {"vocab_size": vocab_size} if vocab_size else {}))
   except ValueError as e:
     raise ConfigError(f"--config.{e}") from None

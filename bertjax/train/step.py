@@ -4,7 +4,12 @@
 `eval_step(state, batch) -> metrics` are module-level functions; the loop
 jits them with explicit shardings and donates the state. The loss is the
 masked-LM cross entropy averaged over `masked_lm_weights` plus the
-next-sentence cross entropy averaged over real examples. With gradient
+next-sentence cross entropy averaged over real examples; the model's
+outputs say which of the objectives (run_config.OBJECTIVES) it is trained
+for: without nsp_logits (objective "mlm") the NSP terms are 0 with weight 0,
+and with lm_logits (objective "ltr") the masked-LM terms are the next-token
+cross entropy and accuracy at every position whose next token is real
+(input_mask[t + 1] = 1), reported under the same mlm_* names. With gradient
 accumulation the global batch is split into micro-batches whose gradients
 add up to the gradient of the whole batch (up to float rounding, and with
 each micro-batch drawing its own dropout): every micro-batch loss is divided
@@ -35,11 +40,22 @@ def loss_sums(params, apply_fn, batch: Batch, rng, deterministic: bool):
       {"params": params}, batch["input_ids"], batch["input_mask"], batch["segment_ids"],
       batch["masked_lm_positions"], deterministic=deterministic, sequence_output=False,
       rngs=None if deterministic else {"dropout": rng}, **packed)
-  mlm_logits_BxPxV, nsp_logits_Bx2 = out["mlm_logits"], out["nsp_logits"]
-  mlm_w_BxP = batch["masked_lm_weights"].astype(jnp.float32)
+  if "lm_logits" in out:
+    # Next-token prediction: position t predicts the token at t + 1.
+    mlm_logits_BxPxV = out["lm_logits"][:, :-1]
+    mlm_labels_BxP = batch["input_ids"][:, 1:]
+    mlm_w_BxP = batch["input_mask"][:, 1:].astype(jnp.float32)
+    mlm_w_BxP = mlm_w_BxP * batch[EXAMPLE_WEIGHT_KEY].astype(jnp.float32)[:, None]
+  else:
+    mlm_logits_BxPxV, mlm_labels_BxP = out["mlm_logits"], batch["masked_lm_ids"]
+    mlm_w_BxP = batch["masked_lm_weights"].astype(jnp.float32)
+  mlm_nll_BxP, mlm_hit = nll_and_hit(mlm_logits_BxPxV, mlm_labels_BxP)
   nsp_w_B = batch[EXAMPLE_WEIGHT_KEY].astype(jnp.float32)
-  mlm_nll_BxP, mlm_hit = nll_and_hit(mlm_logits_BxPxV, batch["masked_lm_ids"])
-  nsp_nll_B, nsp_hit = nll_and_hit(nsp_logits_Bx2, batch["next_sentence_labels"])
+  if "nsp_logits" in out:
+    nsp_nll_B, nsp_hit = nll_and_hit(out["nsp_logits"], batch["next_sentence_labels"])
+  else:
+    nsp_w_B = jnp.zeros_like(nsp_w_B)
+    nsp_nll_B, nsp_hit = nsp_w_B, nsp_w_B
   return {
       "mlm_loss": jnp.sum(mlm_nll_BxP * mlm_w_BxP),
       "nsp_loss": jnp.sum(nsp_nll_B * nsp_w_B),
@@ -47,6 +63,7 @@ def loss_sums(params, apply_fn, batch: Batch, rng, deterministic: bool):
       "nsp_hits": jnp.sum(nsp_hit * nsp_w_B),
       "mlm_weight": jnp.sum(mlm_w_BxP),
       "nsp_weight": jnp.sum(nsp_w_B),
+      "examples": jnp.sum(batch[EXAMPLE_WEIGHT_KEY].astype(jnp.float32)),
   }
 
 
@@ -85,8 +102,7 @@ def train_step(state: TrainState, batch: Batch, rng, *, grad_accum_steps: int = 
                ) -> tuple[TrainState, dict[str, Any]]:
   """One optimizer step on a global batch. `rng` is the run's base key."""
   step_rng = jax.random.fold_in(rng, state.step)
-  mlm_total = jnp.maximum(jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)), 1.0)
-  nsp_total = jnp.maximum(jnp.sum(batch[EXAMPLE_WEIGHT_KEY].astype(jnp.float32)), 1.0)
+  mlm_total, nsp_total = _weight_totals(state, batch)
 
   def loss_fn(params, micro, micro_rng):
     sums = loss_sums(params, state.apply_fn, micro, micro_rng, deterministic=False)
@@ -126,6 +142,19 @@ def accumulate_gradients(loss_fn, params, batch: Batch, rng, grad_accum_steps: i
   (grads, sums), _ = jax.lax.scan(
       body, (zeros_g, zeros_s), (micro_batches, jnp.arange(grad_accum_steps)))
   return grads, sums
+
+
+def _weight_totals(state: TrainState, batch: Batch):
+  """The whole batch's masked-LM and NSP weight totals (at least 1), which
+  every micro-batch's loss sums are divided by."""
+  example_w_B = batch[EXAMPLE_WEIGHT_KEY].astype(jnp.float32)
+  # apply_fn is the pretraining model's bound apply (state.create_train_state).
+  model = getattr(state.apply_fn, "__self__", None)
+  if model is not None and model.config.causal:
+    mlm_w = batch["input_mask"][:, 1:].astype(jnp.float32) * example_w_B[:, None]
+  else:
+    mlm_w = batch["masked_lm_weights"].astype(jnp.float32)
+  return jnp.maximum(jnp.sum(mlm_w), 1.0), jnp.maximum(jnp.sum(example_w_B), 1.0)
 
 
 def apply_gradients(state: TrainState, grads, metrics: dict[str, jax.Array]

@@ -1,0 +1,160 @@
+"""Pretraining recipes at demo scale, measured the same way: the pieces that
+benchmarks/time_to_quality.py and benchmarks/ablation.py share.
+
+A recipe's run is bertjax.main's pretraining on the demo corpus
+(configs/tiny.py's model and data) with checkpoints every few hundred steps,
+kept. Each checkpoint's wall time is its directory's modification time
+since the run began (saves are synchronous here, so the time is that of the
+finished save; compiles, input and saves count, as they would for a user).
+Afterwards every checkpoint is scored on the same held-out records, the
+demo's eval_128 (the paper's records, 15% of tokens masked, the same masked
+positions for every recipe), and fine-tuned on the demo's downstream task
+(configs/finetune/demo.py).
+"""
+
+import dataclasses
+import json
+import os
+import sys
+import time
+from typing import Any, Optional
+
+import jax
+import numpy as np
+
+from bertjax import downstream
+from bertjax.convert import export
+from bertjax.create import demo
+from bertjax.input import pipeline
+from bertjax.model.bert import BertForPreTraining
+from bertjax.tasks import loop as task_loop
+from bertjax.tasks import registry
+from bertjax.train import loop
+from bertjax.train import step as step_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EVAL_BATCH = 50
+
+
+def config_module(name: str):
+  """configs/{name}.py's module."""
+  sys.path.insert(0, os.path.join(REPO, "configs"))
+  return __import__(name)
+
+
+def paper_config(total_steps: int):
+  """The demo: configs/tiny.py, the paper's recipe at demo scale."""
+  config = config_module("tiny").get_config()
+  config.total_steps = total_steps
+  return config
+
+
+def scaled_to_demo(config, total_steps: int):
+  """`config` (a recipe for BERT-BASE built on configs/base.py) at the demo's
+  scale: tiny.py's model, data, batch sizes, learning rate, step count,
+  checkpoints and logging; everything else (objective, masking, phases
+  kept or dropped, optimizer shape, schedule shape) the recipe's own."""
+  tiny = paper_config(total_steps)
+  config.total_steps = total_steps
+  config.model = tiny.model
+  config.data.demo_dir = tiny.data.demo_dir
+  for name, phase in config.phases.items():
+    phase.global_batch_size = tiny.phases[name].global_batch_size
+    if len(config.phases) == 1:
+      phase.fraction = 1.0
+  config.optimizer.learning_rate = tiny.optimizer.learning_rate
+  config.checkpoint = tiny.checkpoint
+  config.logging = tiny.logging
+  return config
+
+
+@dataclasses.dataclass
+class Curve:
+  """One recipe's run: checkpoint steps, their wall seconds and scores."""
+  name: str
+  workdir: str
+  steps: list[int]
+  seconds: list[float]
+  mlm_accuracy: list[float] = dataclasses.field(default_factory=list)
+
+
+def pretrain(name: str, config, workdir: str, *, checkpoints: int) -> Curve:
+  """Runs the recipe in workdir (demo data under workdir/../demo_data, shared);
+  returns its checkpoints' steps and wall times."""
+  config.data.demo_dir = os.path.join(os.path.dirname(workdir), "demo_data")
+  config.checkpoint.every_steps = max(1, config.total_steps // checkpoints)
+  config.checkpoint.keep = checkpoints + 2
+  config.checkpoint.async_save = False
+  config.logging.eval_every_steps = 0
+  config.logging.eval_batches = 1  # The run's own phase-end evaluation: kept short.
+  demo.prepare_config(config, workdir)  # Data first: not in the recipe's time.
+  start = time.time()
+  summary = loop.train_and_evaluate(config, workdir)
+  if "preempted_at_step" in summary:
+    raise SystemExit(f"{name}: stopped at step {summary['preempted_at_step']} by a "
+                     "signal; its wall times would not be those of one run. Rerun.")
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  steps = sorted(int(d) for d in os.listdir(ckpt_dir) if d.isdigit())
+  seconds = [os.path.getmtime(os.path.join(ckpt_dir, str(s))) - start for s in steps]
+  return Curve(name, workdir, steps, seconds)
+
+
+def eval_pattern(root: str) -> str:
+  """The held-out records every recipe is scored on: the paper's, at 15%."""
+  return os.path.join(root, "demo_data", "eval_128", "part-*.tfrecord")
+
+
+def mlm_accuracy(checkpoint: str, pattern: str, max_batches: Optional[int] = None) -> float:
+  """Held-out masked-LM accuracy of a checkpoint (any objective but ltr)."""
+  params, config, _ = export.read_checkpoint(checkpoint)
+  model = BertForPreTraining(config)
+  run = jax.jit(lambda p, b: step_lib.loss_sums(p, model.apply, b, None, True))
+  hits = weight = 0.0
+  for batch in pipeline.eval_batches(pattern, EVAL_BATCH, max_seq_length=128,
+                                     max_predictions_per_seq=20, max_batches=max_batches,
+                                     process_index=0, process_count=1):
+    sums = run(params, batch)
+    hits += float(sums["mlm_hits"])
+    weight += float(sums["mlm_weight"])
+  return hits / max(weight, 1.0)
+
+
+def score_curve(curve: Curve, pattern: str, max_batches: Optional[int]) -> None:
+  curve.mlm_accuracy = [
+      mlm_accuracy(os.path.join(curve.workdir, "checkpoints", str(s)), pattern, max_batches)
+      for s in curve.steps]
+
+
+def finetune(checkpoint: str, root: str, workdir: str) -> float:
+  """Dev accuracy of the demo's downstream task fine-tuned from `checkpoint`
+  (configs/finetune/demo.py; the same budget and seed for every checkpoint)."""
+  config = downstream.demo_config()
+  config.within_workdir = False
+  config.random_init_baseline = False
+  config.init_from = checkpoint
+  config.data_dir = os.path.join(root, "demo_data")
+  config.vocab_file = os.path.join(root, "demo_data", "vocab.txt")
+  results = downstream.finetune(config, workdir)
+  return task_loop.primary_score(registry.get_task(config.task), results)
+
+
+def write_json(path: str, data: Any) -> None:
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(data, f, indent=2, sort_keys=True, default=lambda o: dataclasses.asdict(o))
+
+
+def first_reaching(curve: Curve, target: float) -> Optional[float]:
+  """Wall seconds of the first checkpoint whose accuracy is at least `target`."""
+  for t, a in zip(curve.seconds, curve.mlm_accuracy):
+    if a >= target:
+      return t
+  return None
+
+
+def at_or_before(curve: Curve, seconds: float) -> int:
+  """Index of the last checkpoint saved by `seconds` (0 if none)."""
+  return max([i for i, t in enumerate(curve.seconds) if t <= seconds] or [0])
+
+
+def median(x) -> float:
+  return float(np.median(np.asarray(x, np.float64)))
