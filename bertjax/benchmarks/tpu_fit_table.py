@@ -77,7 +77,7 @@ def parse_slices(text: str) -> list[tuple[int, str]]:
   return out
 
 
-def load_config(name: str, attention_dropout_rate: float):
+def load_config(name: str, attention_dropout_rate: float, vocab_multiple: int = 0):
   spec = importlib.util.spec_from_file_location(
       f"{name}_config", os.path.join(REPO, "configs", f"{name}.py"))
   sys.path.insert(0, os.path.join(REPO, "configs"))
@@ -85,6 +85,8 @@ def load_config(name: str, attention_dropout_rate: float):
   spec.loader.exec_module(module)
   config = module.get_config()
   config.model.attention_dropout_rate = attention_dropout_rate
+  if vocab_multiple:
+    config.model.vocab_multiple = vocab_multiple
   return config
 
 
@@ -138,6 +140,10 @@ def main():
   parser.add_argument("--per_device_batch", type=int, default=0,
                       help="Sequences per data-parallel device in every phase's global batch; "
                       "0 keeps the configs' global batches.")
+  parser.add_argument("--vocab_multiple", type=int, default=0,
+                      help="model.vocab_multiple for every config (0 keeps the configs'): "
+                      "the word table's rows split over tensor x fsdp, so 256-way FSDP "
+                      "needs a multiple of 256.")
   args = parser.parse_args()
   try:
     specs = parse_slices(args.slices)
@@ -145,7 +151,8 @@ def main():
     parser.error(str(e))
   print(f"jax {jax.__version__}, libtpu {importlib.metadata.version('libtpu')}, "
         f"attention_dropout_rate {args.attention_dropout_rate}, per_device_batch "
-        f"{args.per_device_batch or 'from the configs'}")
+        f"{args.per_device_batch or 'from the configs'}, vocab_multiple "
+        f"{args.vocab_multiple or 'from the configs'}")
   for header, group in ((HEADER, [s for s in specs if s[0] == 1]),
                         (MULTISLICE_HEADER, [s for s in specs if s[0] > 1])):
     if not group:
@@ -157,10 +164,11 @@ def main():
         per_item = None  # Memory per sequence from the last search of this config and phase.
         for num_slices, slice_name in group:
           topology = SLICES[slice_name]
-          make = lambda c=config_name, t=topology, n=num_slices: (
-              set_per_device_batch(load_config(c, args.attention_dropout_rate),
-                                   args.per_device_batch, t, n)
-              if args.per_device_batch else load_config(c, args.attention_dropout_rate))
+          def make(c=config_name, t=topology, n=num_slices):
+            config = load_config(c, args.attention_dropout_rate, args.vocab_multiple)
+            if args.per_device_batch:
+              set_per_device_batch(config, args.per_device_batch, t, n)
+            return config
           try:
             result = benchmark.aot_compile(make(), topology, phase, num_slices=num_slices)
           except jax.errors.JaxRuntimeError as e:
