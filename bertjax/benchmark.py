@@ -185,7 +185,6 @@ def aot_compile(config, topology: str, phase_name: str = "",
     t0 = time.perf_counter()
     step_fn = step_lib.jit_train_step(shardings, mesh, grad_accum_steps=accum)
     compiled = step_fn.lower(abstract_state, batch, rng).compile()
-
     seconds = time.perf_counter() - t0
   mem = compiled.memory_analysis()
   args = (phase.max_seq_length, phase.max_predictions_per_seq)

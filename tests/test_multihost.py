@@ -57,7 +57,7 @@ def _run(num_processes: int, workdir: str, data_dir: str, cache: str, sigterm_at
   outputs = []
   try:
     for p in procs:
-      out, _ = p.communicate(timeout=300)
+      out, _ = p.communicate(timeout=600)
       outputs.append(out)
   finally:
     for p in procs:

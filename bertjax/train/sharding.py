@@ -29,8 +29,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 DCN_FIELDS = tuple(f"dcn_{a}" for a in MESH_AXES)
-# A config without the DCN fields (one written before they existed) reads as
-# one slice per data-parallel replica: dcn_data -1 (the number of slices), the rest 1.
+# A config without the DCN fields (one written before they existed) reads with
+# configs/base.py's defaults: data parallel across however many slices there are.
 _DCN_DEFAULTS = {"dcn_data": -1, "dcn_fsdp": 1, "dcn_tensor": 1}
 
 
