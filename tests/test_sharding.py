@@ -217,7 +217,8 @@ def test_devices_are_grouped_into_slices_by_slice_process_or_listed_order():
   slices, how = sharding_lib.device_slices(tpu)
   assert how == "slice_index" and [[d.id for d in s] for s in slices] == [[4, 5, 6, 7],
                                                                           [0, 1, 2, 3]]
-  cpu = [types.SimpleNamespace(id=i, process_index=i // 2) for i in range(8)]
+  # CPU devices of a multi-process run name slice 0.
+  cpu = [types.SimpleNamespace(id=i, process_index=i // 2, slice_index=0) for i in range(8)]
   # Devices that name no slice are one slice, unless the config fixes DCN
   # sizes (then each process is one) or num_slices splits them.
   assert sharding_lib.device_slices(cpu, _mesh_config())[1] == "one slice"

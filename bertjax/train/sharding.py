@@ -89,27 +89,31 @@ def device_slices(devices: Sequence[Any], mesh_config=None,
                   num_slices: int | None = None) -> tuple[list[list[Any]], str]:
   """The devices grouped into slices, in slice order, and what groups them.
 
-  TPU devices name their slice (`slice_index`). Devices that name none (CPU,
-  GPU) are one slice, unless `num_slices` splits them in their listed order
-  into that many equal slices, or config.mesh fixes DCN sizes above 1: then
-  each process is a slice (a multi-process run on one machine plays a
+  TPU devices of a multi-slice job name their slice (`slice_index`).
+  Devices that name one slice or none (CPU and GPU devices name slice 0)
+  are one slice, unless `num_slices` splits them in their listed order into
+  that many equal slices, or config.mesh fixes DCN sizes above 1: then each
+  process is a slice (a multi-process run on one machine plays a
   multi-slice job that way).
   """
   devices = list(devices)
+  groups: dict[int, list[Any]] = {}
   if hasattr(devices[0], "slice_index"):
-    key, how = (lambda d: d.slice_index), "slice_index"
+    for d in devices:
+      groups.setdefault(d.slice_index, []).append(d)
+  if len(groups) > 1:
+    how = "slice_index"
   elif num_slices:
     if len(devices) % num_slices:
       raise ValueError(f"{len(devices)} devices do not split into {num_slices} equal slices")
     per = len(devices) // num_slices
     return [devices[i * per:(i + 1) * per] for i in range(num_slices)], "listed"
   elif mesh_config is not None and math.prod(s for s in dcn_sizes(mesh_config) if s > 0) > 1:
-    key, how = (lambda d: d.process_index), "process_index"
+    groups, how = {}, "process_index"
+    for d in devices:
+      groups.setdefault(d.process_index, []).append(d)
   else:
     return [devices], "one slice"
-  groups = {}
-  for d in devices:
-    groups.setdefault(key(d), []).append(d)
   if num_slices and num_slices != len(groups):
     raise ValueError(f"num_slices={num_slices}, but the devices are in {len(groups)} slices")
   return [groups[k] for k in sorted(groups)], how
