@@ -11,7 +11,11 @@ jax[tpu]` and JAX_PLATFORMS=cpu) and prints the per-device memory the program
 needs, whether it fits the HBM that the compiler lets a program use on one
 device of that slice, and XLA's FLOPs against the analytic count, which
 shows that it compiles and fits before any TPU is booked; --find_max_batch
-searches for the largest per-device batch that fits.
+searches for the largest per-device batch that fits. With --num_slices=N it
+compiles for N such slices joined by the data-center network (DCN) and also
+prints the bytes each device sends over the DCN per step, read from the
+compiled program (bertjax/benchmarks/dcn_traffic.py), beside the analytic
+gradient all-reduce.
 bertjax/benchmarks/tpu_fit_table.py runs this over configs and slices."""
 
 import dataclasses
@@ -22,9 +26,9 @@ from typing import NamedTuple
 from absl import app
 from absl import flags
 import jax
-import numpy as np
 from ml_collections import config_flags
 
+from bertjax.benchmarks import dcn_traffic
 from bertjax.benchmarks import tpu_topology
 from bertjax.input.synthetic import SyntheticSource
 from bertjax.model import attention
@@ -45,6 +49,9 @@ _STEPS = flags.DEFINE_integer("steps", 20, "Timed steps after the warm-up.")
 _WARMUP = flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.")
 _TOPOLOGY = flags.DEFINE_string("topology", "", "Compile ahead of time for this TPU "
                                 "topology (e.g. v5e:2x2) instead of running.")
+_NUM_SLICES = flags.DEFINE_integer(
+    "num_slices", 1, "With --topology: compile for this many slices of it, joined by the "
+    "data-center network (config.mesh.dcn_* split the mesh across them).")
 _VOCAB = flags.DEFINE_integer("vocab_size", 30522, "Vocab size when config.model.vocab_size is 0.")
 _CACHE = flags.DEFINE_string(
     "compile_cache_dir", "", "Persistent compilation cache directory; a second run with "
@@ -59,19 +66,22 @@ def build(config, devices, *, phase_name: str = "", vocab_size: int = 30522,
   """(model config, phase, mesh, rules, model, optimizer) for a run config on `devices`.
 
   The benchmark reads no files: the data source becomes synthetic. With
-  `device_mesh` the devices are laid out in the given order (topology
-  devices have no physical layout to optimise for).
+  `device_mesh` the devices are laid out in the given order within each
+  slice (topology devices have no physical layout to optimise for).
   """
   config.data.source = "synthetic"
   config.data.demo_dir = ""
   vocab = config.model.vocab_size or vocab_size
-  model_config = run_config.validate(config, num_devices=len(devices), vocab_size=vocab)
+  slices, _ = sharding_lib.device_slices(devices, config.mesh)
+  model_config = run_config.validate(config, num_devices=len(devices), vocab_size=vocab,
+                                     num_slices=len(slices))
   plan = run_config.phases(config)
   phase = next((p for p in plan if p.name == phase_name), None) if phase_name else plan[0]
   if phase is None:
     raise app.UsageError(f"--phase={phase_name}: not one of {[p.name for p in plan]}")
   mesh = jax.sharding.Mesh(
-      np.asarray(devices).reshape(sharding_lib.mesh_shape(config.mesh, len(devices))),
+      sharding_lib.listed_device_array(
+          slices, *sharding_lib.hybrid_mesh_shape(config.mesh, len(devices), len(slices))),
       sharding_lib.MESH_AXES) if device_mesh else sharding_lib.make_mesh(config.mesh, devices)
   rules = sharding_lib.rules(config.mesh)
   schedule = opt_lib.learning_rate_schedule(
@@ -83,6 +93,10 @@ def build(config, devices, *, phase_name: str = "", vocab_size: int = 30522,
 
 def _gib(n):
   return f"{n / 2**30:.2f} GiB"
+
+
+def _mib(n):
+  return f"{n / 2**20:.1f} MiB"
 
 
 @dataclasses.dataclass
@@ -107,6 +121,9 @@ class AotResult:
   while_loops: int = 0  # `while` instructions in the optimized program (bodies counted once).
   # HBM the compiler lets a program use on one device (tpu_topology); None: unknown.
   hbm_bytes: int | None = None
+  num_slices: int = 1  # Slices of `topology` (devices, chips and mesh count all of them).
+  dcn: dcn_traffic.DcnTraffic | None = None  # What one device sends over the DCN per step.
+  gradient_allreduce_bytes: int = 0  # Analytic DCN bytes per device (dcn_traffic.gradient_allreduce_bytes).
 
   @property
   def total_bytes(self) -> int:
@@ -144,9 +161,10 @@ def flops_as_xla_counts(model_config, seq_len, num_predictions, batch, attention
 
 
 def aot_compile(config, topology: str, phase_name: str = "",
-                global_batch_size: int | None = None, vocab_size: int = 30522) -> AotResult:
-  """Compiles the train step ahead of time for a TPU topology (e.g. v5e:2x4)."""
-  devices = tpu_topology.topology_devices(topology)
+                global_batch_size: int | None = None, vocab_size: int = 30522,
+                num_slices: int = 1) -> AotResult:
+  """Compiles the train step ahead of time for `num_slices` slices of a TPU topology (e.g. v5e:2x4)."""
+  devices = tpu_topology.topology_devices(topology, num_slices)
   if global_batch_size:
     config.phases[phase_name or next(iter(config.phases))].global_batch_size = global_batch_size
   model_config, phase, mesh, rules, model, tx = build(
@@ -170,6 +188,7 @@ def aot_compile(config, topology: str, phase_name: str = "",
     seconds = time.perf_counter() - t0
   mem = compiled.memory_analysis()
   args = (phase.max_seq_length, phase.max_predictions_per_seq)
+  dcn = dcn_traffic.dcn_traffic(compiled.as_text()) if num_slices > 1 else None
   return AotResult(
       topology=topology, devices=len(devices), chips=_count_chips(devices),
       device_kind=devices[0].device_kind,
@@ -183,11 +202,15 @@ def aot_compile(config, topology: str, phase_name: str = "",
       * phase.global_batch_size,
       xla_view_flops=flops_as_xla_counts(model_config, *args, phase.global_batch_size,
                                          kernel, accum),
-      hbm_bytes=tpu_topology.available_hbm_bytes(topology))
+      hbm_bytes=tpu_topology.available_hbm_bytes(topology), num_slices=num_slices,
+      dcn=dcn, gradient_allreduce_bytes=dcn_traffic.gradient_allreduce_bytes(
+          sum(x.size for x in jax.tree.leaves(abstract_state.params)),
+          len(devices) // num_slices))
 
 
 def _count_chips(devices) -> int:
-  coords = {tuple(getattr(d, "coords", (d.id,))) for d in devices}
+  coords = {(getattr(d, "slice_index", 0),) + tuple(getattr(d, "coords", (d.id,)))
+            for d in devices}
   return len(coords)
 
 
@@ -204,11 +227,13 @@ class MaxBatch(NamedTuple):
 
 def find_max_batch(make_config, topology: str, phase_name: str, start: int,
                    log=print, known: AotResult | None = None,
-                   per_item_hint: float | None = None, vocab_size: int = 30522) -> MaxBatch:
+                   per_item_hint: float | None = None, vocab_size: int = 30522,
+                   num_slices: int = 1) -> MaxBatch:
   """Largest per-device batch (a multiple of BATCH_STEP) whose step fits: search over compiles.
 
-  `make_config()` gives a fresh run config (`vocab_size` as in aot_compile:
-  used where its model.vocab_size is 0); the batch per device is per
+  `make_config()` gives a fresh run config (`vocab_size` and `num_slices`
+  as in aot_compile; vocab_size is used where its model.vocab_size is 0);
+  the batch per device is per
   data-parallel device (global batch / (mesh.data x mesh.fsdp)), and the
   search starts from a compile at `start` (`known`, when that compile is
   already done). Memory is close to linear in the batch: the first compile
@@ -230,10 +255,11 @@ def find_max_batch(make_config, topology: str, phase_name: str, start: int,
   def compile_at(per_device: int) -> AotResult | None:
     if per_device not in tried:
       config = make_config()
-      dp = math.prod(sharding_lib.mesh_shape(config.mesh, _num_devices(topology))[:2])
+      dp = math.prod(sharding_lib.mesh_shape(
+          config.mesh, _num_devices(topology, num_slices), num_slices)[:2])
       try:
         tried[per_device] = aot_compile(config, topology, phase_name, per_device * dp,
-                                        vocab_size=vocab_size)
+                                        vocab_size=vocab_size, num_slices=num_slices)
         log(f"  per-device batch {per_device}: {_gib(tried[per_device].total_bytes)} -> "
             f"{'fits' if tried[per_device].fits else 'does not fit'}")
       except jax.errors.JaxRuntimeError as e:
@@ -320,12 +346,13 @@ def find_max_batch(make_config, topology: str, phase_name: str, start: int,
   return MaxBatch(lo, tried.get(lo), per_item if per_item and per_item > 0 else None)
 
 
-def _num_devices(topology: str) -> int:
-  return len(tpu_topology.topology_devices(topology))
+def _num_devices(topology: str, num_slices: int = 1) -> int:
+  return len(tpu_topology.topology_devices(topology, num_slices))
 
 
 def print_aot(r: AotResult):
-  print(f"topology        {r.topology} ({r.chips} chips, {r.devices} devices, "
+  slices = f"{r.num_slices} slices of " if r.num_slices > 1 else ""
+  print(f"topology        {slices}{r.topology} ({r.chips} chips, {r.devices} devices, "
         f"{r.device_kind})")
   print(f"mesh            {r.mesh}")
   print(f"phase           {r.phase}: batch {r.global_batch_size} x {r.seq_len}, "
@@ -345,6 +372,11 @@ def print_aot(r: AotResult):
           f"as XLA counts {r.xla_view_flops:.4g} (ratio "
           f"{r.compiled_flops * r.devices / r.xla_view_flops:.3f}), analytic model FLOPs "
           f"{r.analytic_flops:.4g}")
+  if r.dcn is not None:
+    print(f"DCN per device  {_mib(r.dcn.bytes_per_step)} sent per step by "
+          f"{r.dcn.sends} megascale sends {r.dcn.by_type} (from the compiled program; "
+          f"{r.dcn.uncounted_loops} loops of unknown trip count counted once); analytic "
+          f"hierarchical all-reduce of the fp32 gradients: {_mib(r.gradient_allreduce_bytes)}")
   print(f"XLA loops       {r.while_loops} while loops in the optimized program (XLA counts "
         "each body once; scanned layers make a forward and a backward loop, and on TPU "
         "FSDP's all-gathered matmuls may become windowed-einsum loops)")
@@ -354,17 +386,20 @@ def compile_for_topology(config):
   """Ahead-of-time compile for a TPU slice; prints per-device memory and FLOPs."""
   if _FIND_MAX_BATCH.value:
     config_copy = config.copy_and_resolve_references()
-    dp = math.prod(sharding_lib.mesh_shape(config.mesh, _num_devices(_TOPOLOGY.value))[:2])
+    slices = _NUM_SLICES.value
+    dp = math.prod(sharding_lib.mesh_shape(
+        config.mesh, _num_devices(_TOPOLOGY.value, slices), slices)[:2])
     phase = _PHASE.value or next(iter(config.phases))
     best, result, _ = find_max_batch(lambda: config_copy.copy_and_resolve_references(),
                                      _TOPOLOGY.value, phase,
                                      config.phases[phase].global_batch_size // dp,
-                                     vocab_size=_VOCAB.value)
+                                     vocab_size=_VOCAB.value, num_slices=slices)
     print(f"largest per-device batch that fits: {best}")
     if result is not None:
       print_aot(result)
     return
-  print_aot(aot_compile(config, _TOPOLOGY.value, _PHASE.value, vocab_size=_VOCAB.value))
+  print_aot(aot_compile(config, _TOPOLOGY.value, _PHASE.value, vocab_size=_VOCAB.value,
+                        num_slices=_NUM_SLICES.value))
 
 
 def run_benchmark(config):

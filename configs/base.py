@@ -86,11 +86,15 @@ def get_config() -> ml_collections.ConfigDict:
   config.optimizer.grad_accum_steps = 1  # Micro-batches per step; the global batch is split into this many.
   config.optimizer.max_nonfinite_in_a_row = 10  # A step with a non-finite loss, gradient or updated parameters is skipped (state kept) and counted; this many in a row stop the run.
 
-  # The device mesh; -1 takes the remaining devices.
+  # The device mesh: each axis is its size inside a slice (ICI) times its size
+  # across slices (DCN, the data-center network); -1 takes what remains.
   config.mesh = ml_collections.ConfigDict()
-  config.mesh.data = -1  # Pure data parallelism (replicated parameters).
-  config.mesh.fsdp = 1  # Parameters and optimizer state sharded, batch split too.
-  config.mesh.tensor = 1  # Heads and feed-forward split (Megatron style).
+  config.mesh.data = -1  # Pure data parallelism (replicated parameters) inside a slice; -1: the slice's remaining devices.
+  config.mesh.fsdp = 1  # Parameters and optimizer state sharded, batch split too, inside a slice.
+  config.mesh.tensor = 1  # Heads and feed-forward split (Megatron style) inside a slice.
+  config.mesh.dcn_data = -1  # Data parallelism across slices; -1: the number of slices (1 on devices that name no slice).
+  config.mesh.dcn_fsdp = 1  # FSDP across slices (parameter all-gathers over the DCN every step: rarely worth it).
+  config.mesh.dcn_tensor = 1  # Tensor parallelism across slices (activations over the DCN every layer: not advised).
   # Logical axis -> mesh axes: the one sharding table for parameters and activations.
   config.mesh.rules = (
       ("activation_batch", ("data", "fsdp")),

@@ -17,6 +17,6 @@ def get_config():
   config.model.num_heads = 16  # A.
   config.model.intermediate_size = 4096  # 4H.
   config.model.remat_policy = "dots_no_batch"  # Keep matmul outputs, recompute the rest: fits 512-long sequences.
-  config.mesh.data = 1  # Fully sharded data parallel over all chips by default:
-  config.mesh.fsdp = -1  # parameters and optimizer state split across the slice.
+  config.mesh.data = 1  # Fully sharded data parallel over each slice's chips by default:
+  config.mesh.fsdp = -1  # parameters and optimizer state split across the slice (and data parallel across slices: mesh.dcn_data).
   return config

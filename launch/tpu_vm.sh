@@ -5,6 +5,8 @@
 #   export TPU_NAME=bert-large ZONE=us-central2-b PROJECT=my-project
 #   export ACCELERATOR=v4-64 RUNTIME=tpu-ubuntu2204-base REPO_URL=https://...
 #   export SPOT=1              # optional: a spot slice through a queued resource
+#   export NUM_SLICES=2        # optional: that many slices joined by the data-center
+#                              # network (a queued resource; nodes $TPU_NAME-0 ...)
 #   launch/tpu_vm.sh create    # book the slice (queued resource when SPOT or QUEUED)
 #   launch/tpu_vm.sh setup     # install bertjax on every host
 #   launch/tpu_vm.sh check configs/large.py gs://my-bucket/runs/large
@@ -12,7 +14,7 @@
 #       --config.phases.seq128.train_files="gs://my-bucket/data/train_128/*.tfrecord" \
 #       --config.phases.seq512.train_files="gs://my-bucket/data/train_512/*.tfrecord"
 #   launch/tpu_vm.sh status    # slice state, and per host: running / exited with code N
-#   launch/tpu_vm.sh logs      # follow host 0's log (WORKER=N another host, LOG_LINES=N history)
+#   launch/tpu_vm.sh logs      # follow host 0's log (WORKER=N another host, SLICE=N another slice, LOG_LINES=N history)
 #   launch/tpu_vm.sh stop      # SIGTERM on every host: checkpoint, then exit
 #   launch/tpu_vm.sh watch configs/large.py gs://... [overrides]   # keep the run alive
 #   launch/tpu_vm.sh delete
@@ -26,6 +28,15 @@
 # command, which resumes from the workdir's latest checkpoint. It returns 0
 # when every host's training exited 0 and WORKDIR/summary.json exists, and
 # non-zero when a host exits with an error.
+#
+# With NUM_SLICES=N > 1 one queued resource books N slices of ACCELERATOR
+# (--node-count=N --node-prefix=$TPU_NAME: TPU VMs $TPU_NAME-0 ... -N-1) and
+# every subcommand acts on every host of every slice. The TPU runtime gives
+# such nodes the MEGASCALE_* settings (coordinator, number of slices, each
+# slice's id) that join the slices into one JAX job; `check` reads them on
+# every host (the tpu-env metadata) and refuses a job whose hosts do not
+# name N slices with ids 0 ... N-1. `watch` re-creates the whole queued
+# resource when any slice is preempted: a multi-slice job needs all of them.
 set -euo pipefail
 
 : "${TPU_NAME:?set TPU_NAME}" "${ZONE:?set ZONE}" "${PROJECT:?set PROJECT}"
@@ -37,20 +48,48 @@ WATCH_INTERVAL="${WATCH_INTERVAL:-60}"
 MAX_RECREATIONS="${MAX_RECREATIONS:-20}"
 LOG_SYNC_SECONDS="${LOG_SYNC_SECONDS:-60}"
 ACTIVE_TIMEOUT="${ACTIVE_TIMEOUT:-86400}"
+NUM_SLICES="${NUM_SLICES:-1}"
+[[ "$NUM_SLICES" =~ ^[1-9][0-9]*$ ]] || { echo "tpu_vm.sh: NUM_SLICES=$NUM_SLICES: give a positive number of slices" >&2; exit 1; }
 
 tpu() { gcloud compute tpus tpu-vm "$@" --zone="$ZONE" --project="$PROJECT"; }
 qr() { gcloud compute tpus queued-resources "$@" --zone="$ZONE" --project="$PROJECT"; }
-on_all_hosts() { tpu ssh "$TPU_NAME" --worker=all --command="$1"; }
-queued() { [[ -n "${SPOT:-}${QUEUED:-}" ]]; }
+multislice() { (( NUM_SLICES > 1 )); }
+# The TPU VMs: TPU_NAME, or TPU_NAME-0 ... TPU_NAME-(N-1) for N slices.
+nodes() {
+  if multislice; then for ((i = 0; i < NUM_SLICES; i++)); do echo "$TPU_NAME-$i"; done
+  else echo "$TPU_NAME"; fi
+}
+# Runs a command on every host of every slice; fails if it failed anywhere.
+on_all_hosts() {
+  local node code=0
+  for node in $(nodes); do tpu ssh "$node" --worker=all --command="$1" || code=$?; done
+  return "$code"
+}
+queued() { [[ -n "${SPOT:-}${QUEUED:-}" ]] || multislice; }
 die() { echo "tpu_vm.sh: $*" >&2; exit 1; }
 
-# The slice's state: READY, CREATING, PREEMPTED, ... or MISSING.
-slice_state() { tpu describe "$TPU_NAME" --format='value(state)' 2>/dev/null || echo MISSING; }
+# The job's state: READY when every slice is, else the first other state
+# (CREATING, PREEMPTED, ... or MISSING) with the slice's name for several.
+slice_state() {
+  local node state
+  for node in $(nodes); do
+    state=$(tpu describe "$node" --format='value(state)' 2>/dev/null || echo MISSING)
+    if [[ "$state" != READY ]]; then
+      if multislice; then echo "$state ($node)"; else echo "$state"; fi
+      return
+    fi
+  done
+  echo READY
+}
 qr_state() { qr describe "$QR_NAME" --format='value(state.state)' 2>/dev/null || echo MISSING; }
+# Hosts of every slice together.
 num_hosts() {
-  local endpoints
-  endpoints=$(tpu describe "$TPU_NAME" --format='value(networkEndpoints[].ipAddress)')
-  awk -F';' '{print NF}' <<<"$endpoints"
+  local node endpoints total=0
+  for node in $(nodes); do
+    endpoints=$(tpu describe "$node" --format='value(networkEndpoints[].ipAddress)')
+    total=$((total + $(awk -F';' '{print NF}' <<<"$endpoints")))
+  done
+  echo "$total"
 }
 
 create() {
@@ -60,7 +99,9 @@ create() {
     tpu create "$TPU_NAME" --accelerator-type="$ACCELERATOR" --version="$runtime"
     return
   fi
-  qr create "$QR_NAME" --node-id="$TPU_NAME" --accelerator-type="$ACCELERATOR" \
+  local nodes_flags=(--node-id="$TPU_NAME")
+  if multislice; then nodes_flags=(--node-count="$NUM_SLICES" --node-prefix="$TPU_NAME"); fi
+  qr create "$QR_NAME" "${nodes_flags[@]}" --accelerator-type="$ACCELERATOR" \
       --runtime-version="$runtime" ${SPOT:+--spot}
   local waited=0 state
   while state=$(qr_state); [[ "$state" != ACTIVE ]]; do
@@ -92,9 +133,16 @@ check() {
   if [[ "$workdir" == gs://* ]]; then
     bucket_check="gcloud storage ls $(printf %q "${workdir%%/*}//$(cut -d/ -f3 <<<"$workdir")") >/dev/null"
   fi
+  # The slice id and slice count the TPU runtime gives this host (multi-slice only).
+  local megascale=""
+  if multislice; then
+    megascale="megascale=\$(curl -sf -H Metadata-Flavor:Google \
+http://metadata.google.internal/computeMetadata/v1/instance/attributes/tpu-env \
+| tr -d \"\\047\" | awk -F': *' '\$1==\"MEGASCALE_SLICE_ID\"{i=\$2} \$1==\"MEGASCALE_NUM_SLICES\"{n=\$2} END{print i\"/\"n}')"
+  fi
   lines=$(on_all_hosts "cd bertjax && echo bertjax-check host=\$(hostname) \
 commit=\$(git rev-parse HEAD) config=\$(sha256sum < $(printf %q "$config") | cut -c1-16) \
-bucket=\$($bucket_check 2>/dev/null && echo ok || echo unreachable)" | grep '^bertjax-check ' || true)
+bucket=\$($bucket_check 2>/dev/null && echo ok || echo unreachable) $megascale" | grep '^bertjax-check ' || true)
   local n commits configs
   n=$(grep -c . <<<"$lines" || true)
   [[ "$n" == "$expected" ]] || die "check: $n of $expected hosts answered:"$'\n'"$lines"
@@ -109,6 +157,16 @@ bucket=\$($bucket_check 2>/dev/null && echo ok || echo unreachable)" | grep '^be
   configs=$(grep -o 'config=[0-9a-f]*' <<<"$lines" | sort -u)
   [[ $(grep -c . <<<"$configs") == 1 && "$configs" != "config=" ]] \
       || die "check: $config differs between hosts or is missing:"$'\n'"$lines"
+  if multislice; then
+    local ids
+    ids=$(grep -o 'megascale=[^ ]*' <<<"$lines" | sort -u)
+    [[ "$(grep -o 'megascale=[0-9]*/[0-9]*' <<<"$lines" | sed 's|.*/||' | sort -u)" == "$NUM_SLICES" ]] \
+        || die "check: hosts do not all name NUM_SLICES=$NUM_SLICES slices (MEGASCALE_NUM_SLICES in their tpu-env):"$'\n'"$lines"
+    [[ "$(grep -o 'megascale=[0-9]*' <<<"$lines" | sed 's/megascale=//' | sort -un | tr '\n' ' ')" \
+       == "$(seq -s ' ' 0 $((NUM_SLICES - 1))) " ]] \
+        || die "check: the hosts' MEGASCALE_SLICE_IDs are not 0 ... $((NUM_SLICES - 1)):"$'\n'"$lines"
+    echo "check: $NUM_SLICES slices joined (slice/slices: $(tr '\n' ' ' <<<"$ids"))." >&2
+  fi
   echo "check: $n hosts, $commits, $config $configs, bucket reachable." >&2
 }
 
@@ -118,7 +176,8 @@ train() {
   # Quoted for the remote shell, so that globs in overrides reach bertjax intact.
   local cmd
   cmd=".venv/bin/python -m bertjax.main --config=$(printf %q "$config") \
---workdir=$(printf %q "$workdir") --distributed=on$(printf ' %q' "$@")"
+--workdir=$(printf %q "$workdir") --distributed=on"
+  if (( $# )); then cmd+=$(printf ' %q' "$@"); fi  # (printf of no arguments would add '')
   # run.sh: the command, its exit code left in RUN_DIR, and for gs:// workdirs
   # a copy of the log in WORKDIR/logs every LOG_SYNC_SECONDS and at the end.
   local copy=":" script
@@ -148,7 +207,7 @@ host_status() {
 
 summary_exists() {
   local out
-  out=$(tpu ssh "$TPU_NAME" --worker=0 --command="cd bertjax && .venv/bin/python -c 'import sys; \
+  out=$(tpu ssh "$(nodes | head -n 1)" --worker=0 --command="cd bertjax && .venv/bin/python -c 'import sys; \
 from bertjax.records import fileio; print(\"bertjax-summary\", fileio.exists(sys.argv[1] + \"/summary.json\"))' \
 $(printf %q "$1")") || true
   grep -q '^bertjax-summary True' <<<"$out"
@@ -207,13 +266,13 @@ case "${1:-}" in
   check) check "${2:?config file}" "${3:?workdir}" ;;
   train) train "${2:?config file}" "${3:?workdir (gs:// for pods)}" "${@:4}" ;;
   status)
-    echo "slice $TPU_NAME: $(slice_state)"
+    echo "slice $TPU_NAME$(multislice && echo " ($NUM_SLICES slices)" || true): $(slice_state)"
     if queued; then echo "queued resource $QR_NAME: $(qr_state)"; fi
     host_status
     ;;
-  logs) tpu ssh "$TPU_NAME" --worker="${WORKER:-0}" --command="tail -n ${LOG_LINES:-100} -F $RUN_DIR/train.log" ;;
+  logs) tpu ssh "$(nodes | sed -n "$((${SLICE:-0} + 1))p")" --worker="${WORKER:-0}" --command="tail -n ${LOG_LINES:-100} -F $RUN_DIR/train.log" ;;
   stop) on_all_hosts "pkill -TERM -f 'bertjax.main' || true" ;;
   watch) watch "${2:?config file}" "${3:?workdir}" "${@:4}" ;;
   delete) delete ;;
-  *) sed -n '2,28p' "$0"; exit 2 ;;
+  *) sed -n '2,40p' "$0"; exit 2 ;;
 esac

@@ -5,8 +5,11 @@ call is appended to WORLD/calls.jsonl. The slice is described by
 WORLD/world.json:
 
   hosts            host names of the slice, e.g. ["host0", "host1"]
+  nodes            for several slices: TPU VM name -> its hosts (instead of hosts)
   answering        hosts that answer ssh (default: all)
   slice_states     states returned by successive `describe` calls; the last repeats
+                   (with nodes: a dict, TPU VM name -> its states)
+  tpu_env          host -> the tpu-env metadata text its `curl` returns (default: empty)
   commits          host -> the commit its checkout reports
   unreachable_bucket  hosts for which `gcloud storage ls` fails
   rounds           per `train` start: {"exit": code, "summary": bool}
@@ -43,6 +46,9 @@ _STUBS = {
              'esac\n'),
     "sudo": "true\n",
     "pkill": 'echo "$@" >> "$HOME/pkill_calls"\n',
+    "curl": ('python3 -c \'import json,os; '
+             'w=json.load(open(os.environ["FAKE_GCLOUD_WORLD"]+"/world.json")); '
+             'print(w.get("tpu_env", {}).get(os.environ["FAKE_HOST"], ""))\'\n'),
 }
 
 _MAIN_STUB = """#!{python}
@@ -72,6 +78,11 @@ def _world():
 def _set_world(world):
   with open(os.path.join(WORLD, "world.json"), "w") as f:
     json.dump(world, f)
+
+
+def node_hosts(world, node):
+  """The hosts of TPU VM `node`: world["nodes"][node], or world["hosts"] for one slice."""
+  return world["nodes"][node] if "nodes" in world else world["hosts"]
 
 
 def _flag(args, name):
@@ -105,8 +116,9 @@ def _stub_bin():
 def _ssh(args):
   world = _world()
   command = _flag(args, "command")
+  node_hosts_ = node_hosts(world, args[4])
   if "git clone" in command:  # setup: the hosts get a fresh install.
-    for host in world["hosts"]:
+    for host in node_hosts_:
       install_host(host)
     return 0
   if command.startswith("tail "):  # `logs` follows the log; here it prints it once.
@@ -115,8 +127,8 @@ def _ssh(args):
     with open(os.path.join(WORLD, "train_starts"), "a") as f:
       f.write("x")
   worker = _flag(args, "worker")
-  hosts = world["hosts"] if worker == "all" else [world["hosts"][int(worker)]]
-  answering = world.get("answering", world["hosts"])
+  hosts = node_hosts_ if worker == "all" else [node_hosts_[int(worker)]]
+  answering = world.get("answering", [h for n in world.get("nodes", {"": world.get("hosts", [])}).values() for h in n])
   code = 0
   for host in hosts:
     if host not in answering:
@@ -147,16 +159,21 @@ def main(args):
     if group == "queued-resources":
       print(world.get("qr_state", "ACTIVE"))
     elif fmt == "value(state)":
-      states = world["slice_states"]
+      per_node = isinstance(world["slice_states"], dict)
+      states = world["slice_states"][args[4]] if per_node else world["slice_states"]
       print(states[0])
       if len(states) > 1:
-        world["slice_states"] = states[1:]
+        if per_node:
+          world["slice_states"][args[4]] = states[1:]
+        else:
+          world["slice_states"] = states[1:]
         _set_world(world)
     else:
-      print(";".join(f"10.0.0.{i}" for i, _ in enumerate(world["hosts"])))
+      print(";".join(f"10.0.0.{i}" for i, _ in enumerate(node_hosts(world, args[4]))))
     return 0
   if verb == "create":
-    world["slice_states"] = ["READY"]
+    world["slice_states"] = ({n: ["READY"] for n in world["nodes"]} if "nodes" in world
+                             else ["READY"])
     world["qr_state"] = world.get("qr_state_after_create", "ACTIVE")
     _set_world(world)
   return 0

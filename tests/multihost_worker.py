@@ -1,6 +1,6 @@
 """One process of a multi-process CPU run (driven by test_multihost.py).
 
-usage: multihost_worker.py WORKDIR DATA_DIR SIGTERM_AT
+usage: multihost_worker.py WORKDIR DATA_DIR SIGTERM_AT [SLICES]
 
 Launched as SLURM launches tasks: SLURM_* variables give the process count,
 this process's id and the coordinator (jax.distributed.initialize() finds
@@ -8,10 +8,15 @@ them itself), and CPU collectives go through gloo. Runs train_and_evaluate
 on a tiny model over DATA_DIR with the global data order. With SIGTERM_AT > 0
 the last process sends itself a real SIGTERM once step SIGTERM_AT is logged,
 as a platform's preemption notice reaches one host, and every process then
-waits a second after each logged step, as slower steps would. Prints the summary and
-a digest of the parameters of the last checkpoint (equal digests: bitwise
-equal parameters), and writes this host's files of the default (files) order
-to WORKDIR/files-<id>.json.
+waits a second after each logged step, as slower steps would. With SLICES=2
+the processes play two slices (each process one, as CPU devices name no
+slice): the mesh is data=2 across them (mesh.dcn_data) and fsdp=2 x tensor=2
+inside each, the same sizes as the one-slice data=2 x fsdp=2 x tensor=2.
+Prints the summary, the processes that hold each row of the mesh's data axis,
+and a digest of the parameters of the last checkpoint (equal digests:
+bitwise equal parameters); writes those parameters to WORKDIR/params.npz
+(first process) and this host's files of the default (files) order to
+WORKDIR/files-<id>.json.
 """
 
 import hashlib
@@ -29,6 +34,7 @@ from absl import logging
 logging.set_verbosity(logging.INFO)
 
 workdir, data_dir, sigterm_at = sys.argv[1], sys.argv[2], int(sys.argv[3])
+slices = int(sys.argv[4]) if len(sys.argv) > 4 else 1
 if int(os.environ.get("SLURM_NTASKS", "1")) > 1:
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize()
@@ -58,6 +64,8 @@ config.phases = ml_collections.ConfigDict({"seq32": phase})
 config.data.order = "global"
 config.optimizer.update(learning_rate=1e-3, warmup_steps=2)
 config.mesh.update(data=2, fsdp=2, tensor=2)
+if slices > 1:
+  config.mesh.update(data=1, dcn_data=slices)
 config.checkpoint.update(every_steps=100, async_save=True)
 config.logging.update(every_steps=1, eval_every_steps=0, eval_batches=0)
 
@@ -89,8 +97,12 @@ abstract, shardings = state_lib.abstract_train_state(model, tx, run.mesh,
                                                      sharding_lib.rules(config.mesh))
 checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=5,
                                      async_save=False)
+print("MESH_DATA_PROCESSES", json.dumps(
+    [sorted({d.process_index for d in row.ravel()}) for row in run.mesh.devices]))
 state, meta = checkpointer.restore(abstract, shardings)
 checkpointer.close()
 leaves = [np.asarray(x) for x in jax.tree.leaves(multihost_utils.process_allgather(
     state.params, tiled=True))]
+if jax.process_index() == 0:
+  np.savez(os.path.join(workdir, "params.npz"), *leaves)
 print("DIGEST", meta["step"], hashlib.sha256(b"".join(x.tobytes() for x in leaves)).hexdigest())

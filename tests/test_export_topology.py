@@ -4,7 +4,9 @@ A child process with 8 fake CPU devices saves a training state laid out on
 an fsdp=2 x tensor=4 mesh; other children read it on 1 device and on a
 data=2 x fsdp=4 mesh (through the export's reader and through init_from's
 loader, into scanned and unrolled targets): every parameter must equal the
-saved one exactly.
+saved one exactly. A whole training state (parameters and Adam's moments)
+saved on two slices (the 8 devices split in two, data parallel across them,
+FSDP inside) resumes exactly on four slices and on one device.
 """
 
 import json
@@ -20,12 +22,70 @@ MODEL = dict(vocab_size=120, hidden_size=32, num_layers=2, num_heads=4, intermed
              max_position_embeddings=32, dtype="float32")
 
 
-def _mesh_config(data, fsdp, tensor):
+def _mesh_config(data, fsdp, tensor, **dcn):
   sys.path.insert(0, os.path.join(jax_child.REPO, "configs"))
   import base  # pylint: disable=g-import-not-at-top
   mesh = base.get_config().mesh
-  mesh.update(data=data, fsdp=fsdp, tensor=tensor)
+  mesh.update(data=data, fsdp=fsdp, tensor=tensor, **dcn)
   return mesh
+
+
+def _sliced_state(slices: int):
+  """(model, optimizer, mesh, rules) with LARGE's layout on `slices` slices of the devices."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  from bertjax.model.bert import BertForPreTraining  # pylint: disable=g-import-not-at-top
+  from bertjax.model.config import BertConfig  # pylint: disable=g-import-not-at-top
+  from bertjax.train import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  mesh_config = _mesh_config(1, -1, 1)  # FSDP inside a slice, dcn_data -1: across slices.
+  mesh = sharding_lib.make_mesh(mesh_config, num_slices=slices) if jax.device_count() > 1 \
+      else sharding_lib.make_mesh(mesh_config)
+  return (BertForPreTraining(BertConfig(**MODEL)), optax.adam(1e-3), mesh,
+          sharding_lib.rules(mesh_config))
+
+
+def _state_leaves(state) -> dict:
+  import jax  # pylint: disable=g-import-not-at-top
+  return {jax.tree_util.keystr(p): np.asarray(x) for p, x in
+          jax.tree_util.tree_leaves_with_path(jax.device_get(state))}
+
+
+def _save_sliced(payload):
+  """Trains a random state one Adam step on two slices, saves it; writes its leaves to an npz."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from bertjax.train import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bertjax.train import state as state_lib  # pylint: disable=g-import-not-at-top
+  model, tx, mesh, rules = _sliced_state(2)
+  state, _ = state_lib.create_train_state(model, tx, mesh, rules, jax.random.key(3))
+  grads = jax.tree.map(lambda p: 0.1 * p + 0.01, state.params)  # Moments that are not zero.
+  updates, opt_state = jax.jit(tx.update)(grads, state.opt_state, state.params)
+  state = state.replace(step=state.step + 7, opt_state=opt_state,
+                        params=jax.jit(lambda p, u: jax.tree.map(lambda a, b: a + b, p, u))(
+                            state.params, updates))
+  ckpt = ckpt_lib.Checkpointer(payload["dir"], keep=2, async_save=False)
+  ckpt.save(state, {"phase": "seq128", "data_step": 7})
+  ckpt.close()
+  np.savez(payload["npz"], **_state_leaves(state))
+  return {"mesh": dict(mesh.shape),
+          "slice_rows": [sorted(int(d.id) // 4 for d in row.ravel()) for row in mesh.devices]}
+
+
+def _restore_sliced(payload):
+  """Restores the two-slice checkpoint on `slices` slices; names the leaves that differ."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from bertjax.train import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bertjax.train import state as state_lib  # pylint: disable=g-import-not-at-top
+  model, tx, mesh, rules = _sliced_state(payload["slices"])
+  abstract, shardings = state_lib.abstract_train_state(model, tx, mesh, rules)
+  ckpt = ckpt_lib.Checkpointer(payload["dir"], keep=2, async_save=False)
+  state, meta = ckpt.restore(abstract, shardings)
+  ckpt.close()
+  saved, got = dict(np.load(payload["npz"])), _state_leaves(state)
+  placed = all(x.sharding.is_equivalent_to(s, x.ndim) for x, s in
+               zip(jax.tree.leaves(state), jax.tree.leaves(shardings)))
+  return {"mesh": dict(mesh.shape), "step": int(state.step), "meta_step": meta["step"],
+          "placed": placed, "leaves": len(saved),
+          "differ": sorted(k for k in saved if not np.array_equal(saved[k], got.get(k)))}
 
 
 def _flat(params) -> dict:
@@ -131,6 +191,24 @@ def test_checkpoint_from_an_8_device_mesh_reads_exactly_elsewhere(
   assert result["shardings_ok_scan_True"] and result["shardings_ok_scan_False"]
 
 
+def test_a_state_saved_on_two_slices_resumes_exactly_on_four_and_on_one_device(
+    tmp_path, tmp_path_factory):
+  payload = {"dir": str(tmp_path / "checkpoints"), "npz": str(tmp_path / "state.npz")}
+  cache = jax_child.cache_dir(tmp_path_factory)
+  saved, _ = jax_child.run(__file__, dict(payload, command="save_sliced"), cache=cache,
+                           devices=8)
+  assert saved["mesh"] == {"data": 2, "fsdp": 4, "tensor": 1}
+  assert saved["slice_rows"] == [[0, 0, 0, 0], [1, 1, 1, 1]]  # One slice per data row.
+  for devices, slices, mesh in ((8, 4, {"data": 4, "fsdp": 2, "tensor": 1}),
+                                (1, 1, {"data": 1, "fsdp": 1, "tensor": 1})):
+    got, _ = jax_child.run(__file__, dict(payload, command="restore_sliced", slices=slices),
+                           cache=cache, devices=devices)
+    assert got["mesh"] == mesh
+    assert got["step"] == got["meta_step"] == 7 and got["placed"]
+    assert got["leaves"] > 20 and got["differ"] == [], got
+
+
 if __name__ == "__main__":
   _payload = json.loads(sys.argv[1])
-  print(json.dumps({"save": _save, "read": _read}[_payload["command"]](_payload)))
+  print(json.dumps({"save": _save, "read": _read, "save_sliced": _save_sliced,
+                    "restore_sliced": _restore_sliced}[_payload["command"]](_payload)))

@@ -1,4 +1,4 @@
-"""launch/tpu_vm.sh against a stand-in gcloud that plays a two-host slice.
+"""launch/tpu_vm.sh against a stand-in gcloud that plays a two-host slice, or two of them.
 
 The remote commands the launcher builds run for real, once per host (see
 tests/fake_gcloud.py): the detached training command, the multi-host checks,
@@ -48,8 +48,9 @@ class Slice:
     os.environ["FAKE_GCLOUD_WORLD"] = str(self.dir)
     import fake_gcloud  # pylint: disable=g-import-not-at-top
     fake_gcloud.WORLD = str(self.dir)
-    for host in self.world["hosts"]:
-      fake_gcloud.install_host(host)
+    for hosts in self.world.get("nodes", {"": self.world["hosts"]}).values():
+      for host in hosts:
+        fake_gcloud.install_host(host)
 
   def run(self, *args, **env):
     return subprocess.run(["bash", SCRIPT, *args], env=dict(self.env, **env),
@@ -203,3 +204,66 @@ def test_logs_are_copied_into_a_gs_workdir(tmp_path):
   assert result.returncode == 0, result.stderr
   copies = {c[-1] for c in s.calls() if c[:2] == ["storage", "cp"]}
   assert copies == {"gs://bucket/runs/x/logs/host0.log", "gs://bucket/runs/x/logs/host1.log"}
+
+
+def _two_slices(tmp_path, **world):
+  """Two slices of two hosts each, as one queued resource with --node-count=2 books them."""
+  nodes = {"bert-0": ["host0", "host1"], "bert-1": ["host2", "host3"]}
+  # tpu-env as the TPU runtime writes it on the nodes of a two-slice job.
+  tpu_env = {h: f"MEGASCALE_SLICE_ID: '{i}'\nMEGASCALE_NUM_SLICES: '2'"
+             for i, hosts in enumerate(nodes.values()) for h in hosts}
+  world = {"nodes": nodes, "slice_states": {n: ["READY"] for n in nodes},
+           "commits": {h: "abc123" for hosts in nodes.values() for h in hosts},
+           "tpu_env": tpu_env, **world}
+  return Slice(tmp_path, **world)
+
+
+def test_watch_books_two_slices_runs_every_host_and_recreates_them_after_a_preemption(
+    tmp_path):
+  s = _two_slices(tmp_path, slice_states={"bert-0": ["READY"], "bert-1": ["READY", "PREEMPTED"]},
+                  rounds=[{"exit": 0, "summary": False}, {"exit": 0, "summary": True}])
+  workdir = str(tmp_path / "run")
+  result = s.run("watch", "configs/large.py", workdir, NUM_SLICES="2", SPOT="1")
+  assert result.returncode == 0, result.stderr
+  assert "check: 2 slices joined (slice/slices: megascale=0/2 megascale=1/2 )" in result.stderr
+  assert "check: 4 hosts, commit=abc123" in result.stderr
+  # Preempting one slice re-creates the whole queued resource: the job needs both.
+  assert "slice bert is PREEMPTED (bert-1): re-creating it" in result.stderr
+  (create,) = [c for c in s.calls() if c[2:4] == ["queued-resources", "create"]]
+  assert "--node-count=2" in create and "--node-prefix=bert" in create
+  assert "--spot" in create and not any(a.startswith("--node-id") for a in create)
+  verbs = [c[2:4] for c in s.calls() if c[0] == "compute"]
+  assert verbs.index(["queued-resources", "delete"]) < verbs.index(["queued-resources", "create"])
+  # Both slices were set up again, and every host of both, fresh, got the same
+  # command, which resumes from the workdir.
+  setups = {c[4] for c in s.calls() if c[3] == "ssh" and "git clone" in c[-3]}
+  assert setups == {"bert-0", "bert-1"}
+  assert (s.dir / "train_starts").read_text() == "xx" * 2  # One start per slice, twice.
+  for host in ("host0", "host1", "host2", "host3"):
+    assert s.main_calls(host) == [["-m", "bertjax.main", "--config=configs/large.py",
+                                   f"--workdir={workdir}", "--distributed=on"]]
+  assert s.run("status", NUM_SLICES="2").stdout.count("bertjax-status host") == 4
+
+
+@pytest.mark.parametrize("world, message", [
+    ({"tpu_env": {"host0": "MEGASCALE_SLICE_ID: '0'\nMEGASCALE_NUM_SLICES: '2'",
+                  "host1": "MEGASCALE_SLICE_ID: '0'\nMEGASCALE_NUM_SLICES: '2'",
+                  "host2": "MEGASCALE_SLICE_ID: '0'\nMEGASCALE_NUM_SLICES: '2'",
+                  "host3": "MEGASCALE_SLICE_ID: '0'\nMEGASCALE_NUM_SLICES: '2'"}},
+     "MEGASCALE_SLICE_IDs are not 0 ... 1"),
+    ({"tpu_env": {"host0": "MEGASCALE_SLICE_ID: '0'\nMEGASCALE_NUM_SLICES: '2'"}},
+     "do not all name NUM_SLICES=2 slices"),
+    ({"answering": ["host0", "host1", "host2"]}, "3 of 4 hosts answered"),
+])
+def test_check_refuses_slices_that_are_not_joined(tmp_path, world, message):
+  s = _two_slices(tmp_path, **world)
+  result = s.run("train", "configs/large.py", str(tmp_path / "run"), NUM_SLICES="2")
+  assert result.returncode != 0
+  assert message in result.stderr, result.stderr
+  assert not (s.dir / "hosts" / "host0" / "main_calls.jsonl").exists()
+
+
+def test_num_slices_must_be_a_positive_number(tmp_path):
+  result = Slice(tmp_path).run("status", NUM_SLICES="two")
+  assert result.returncode != 0
+  assert "NUM_SLICES=two: give a positive number of slices" in result.stderr

@@ -348,3 +348,23 @@ def test_epoch_order_is_a_seeded_permutation_of_blocks():
   assert len(starts) <= 10  # 11 blocks, so at most 10 breaks.
   np.testing.assert_array_equal(a, pipeline.epoch_order(103, seed=1, epoch=0, block=10))
   assert not np.array_equal(a, pipeline.epoch_order(103, seed=1, epoch=1, block=10))
+
+
+def test_resume_on_another_number_of_slices_continues_the_global_order(dataset):
+  # Two slices of two hosts each (4 processes, numbered slice by slice as JAX
+  # numbers a multi-slice job's) train steps 0-3; the run resumes at step 4 on
+  # one slice of two hosts. Every host's rows depend only on the seed, the
+  # step and its place among all hosts, so the global batches are those of
+  # one host reading alone.
+  directory, _ = dataset
+  alone = take(source(directory, 48, order="global").iterate(0), 8)
+
+  def global_batches(count, start, steps):
+    hosts = [take(source(directory, 48, order="global", process_index=h,
+                         process_count=count).iterate(start), steps) for h in range(count)]
+    return [{k: np.concatenate([hosts[h][s][k] for h in range(count)]) for k in hosts[0][s]}
+            for s in range(steps)]
+
+  before = global_batches(4, 0, 4)
+  after = global_batches(2, 4, 4)
+  assert [digest(b) for b in before + after] == [digest(b) for b in alone]

@@ -87,6 +87,19 @@ def test_the_number_of_hosts_counts_when_each_reads_its_own_files(tmp_path):
   run_record.check_resume(str(tmp_path), _record(config, 4), config)
 
 
+def test_a_run_resumes_on_another_number_of_slices_and_from_a_record_without_them(tmp_path):
+  config = tiny_config({"data.source": "tfrecord", "data.order": "global"})
+  old = _record(config, process_count=4)
+  for field in ("dcn_data", "dcn_fsdp", "dcn_tensor"):  # A record written before they existed.
+    del old["mesh"][field]
+  run_record.write(str(tmp_path), old)
+  run_record.check_resume(str(tmp_path), _record(config, 4), config)
+  # Two slices of 4 hosts become four: the mesh and the host count change.
+  run_record.write(str(tmp_path), _record(config, process_count=8))
+  config.mesh.dcn_data = 4
+  run_record.check_resume(str(tmp_path), _record(config, 16), config)
+
+
 def test_an_allowed_change_may_not_move_the_resumed_step_to_other_data():
   meta = {"phase": "seq32", "data_step": 2}  # The checkpoint of step 6 of 8.
   longer = run_config.phases(tiny_config({"total_steps": 16}))  # seq32 now starts at 8.

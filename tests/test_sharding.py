@@ -175,6 +175,78 @@ def test_make_mesh_warns_when_it_falls_back_to_the_listed_device_order(monkeypat
           "the devices in their listed order instead") in caplog.text
 
 
+def _mesh_config(**sizes):
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  sys.path.insert(0, os.path.join(jax_child.REPO, "configs"))
+  import base  # pylint: disable=g-import-not-at-top
+  mesh = ml_collections.ConfigDict(base.get_config().mesh)
+  mesh.update(**sizes)
+  return mesh
+
+
+def test_slices_multiply_the_mesh_axes_they_split():
+  from bertjax.train import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  base = _mesh_config()  # data -1 inside a slice, dcn_data -1: data parallel across slices.
+  large = _mesh_config(data=1, fsdp=-1)  # FSDP inside a slice, data parallel across slices.
+  assert sharding_lib.hybrid_mesh_shape(base, 512, 2) == ((256, 1, 1), (2, 1, 1))
+  assert sharding_lib.mesh_shape(base, 512, 2) == (512, 1, 1)
+  assert sharding_lib.hybrid_mesh_shape(large, 512, 2) == ((1, 256, 1), (2, 1, 1))
+  assert sharding_lib.mesh_shape(large, 512, 2) == (2, 256, 1)
+  # One slice is the mesh of before; a config without DCN fields reads as one.
+  assert sharding_lib.hybrid_mesh_shape(large, 16) == ((1, 16, 1), (1, 1, 1))
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  old = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=2))
+  assert sharding_lib.hybrid_mesh_shape(old, 16, 2) == ((1, 4, 2), (2, 1, 1))
+  assert sharding_lib.hybrid_mesh_shape(
+      _mesh_config(data=1, fsdp=-1, dcn_data=2, dcn_fsdp=-1), 64, 8) == ((1, 8, 1), (2, 4, 1))
+  with pytest.raises(ValueError, match="at most one of .*dcn_data.* may be -1"):
+    sharding_lib.hybrid_mesh_shape(_mesh_config(dcn_fsdp=-1), 16, 2)
+  with pytest.raises(ValueError, match=r"\{'dcn_data': 3, 'dcn_fsdp': 1, 'dcn_tensor': 1\} "
+                     "needs 3 slices, but 2 are available"):
+    sharding_lib.hybrid_mesh_shape(_mesh_config(dcn_data=3), 16, 2)
+  with pytest.raises(ValueError, match="needs 16 devices of a slice, but 8 are available"):
+    sharding_lib.hybrid_mesh_shape(_mesh_config(data=16), 16, 2)
+  with pytest.raises(ValueError, match="config.mesh.dcn_tensor: must be a positive size"):
+    sharding_lib.hybrid_mesh_shape(_mesh_config(dcn_tensor=0), 16, 2)
+
+
+def test_devices_are_grouped_into_slices_by_slice_process_or_listed_order():
+  import types  # pylint: disable=g-import-not-at-top
+  from bertjax.train import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  tpu = [types.SimpleNamespace(id=i, slice_index=1 - i // 4) for i in range(8)]
+  slices, how = sharding_lib.device_slices(tpu)
+  assert how == "slice_index" and [[d.id for d in s] for s in slices] == [[4, 5, 6, 7],
+                                                                          [0, 1, 2, 3]]
+  # CPU devices of a multi-process run name slice 0.
+  cpu = [types.SimpleNamespace(id=i, process_index=i // 2, slice_index=0) for i in range(8)]
+  # Devices that name no slice are one slice, unless the config fixes DCN
+  # sizes (then each process is one) or num_slices splits them.
+  assert sharding_lib.device_slices(cpu, _mesh_config())[1] == "one slice"
+  slices, how = sharding_lib.device_slices(cpu, _mesh_config(dcn_data=4))
+  assert how == "process_index" and [[d.id for d in s] for s in slices] == [
+      [0, 1], [2, 3], [4, 5], [6, 7]]
+  slices, how = sharding_lib.device_slices(cpu, _mesh_config(), num_slices=2)
+  assert how == "listed" and [[d.id for d in s] for s in slices] == [[0, 1, 2, 3],
+                                                                     [4, 5, 6, 7]]
+  with pytest.raises(ValueError, match="num_slices=4, but the devices are in 2 slices"):
+    sharding_lib.device_slices(tpu, num_slices=4)
+
+
+def test_each_slice_is_one_block_of_the_mesh_with_the_dcn_part_outermost():
+  from bertjax.train import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  slices = [list(range(s * 4, s * 4 + 4)) for s in range(4)]
+  # Data parallel across 4 slices, fsdp 2 x tensor 2 inside each.
+  grid = sharding_lib.listed_device_array(slices, (1, 2, 2), (4, 1, 1))
+  assert grid.shape == (4, 2, 2)
+  assert [sorted(grid[i].ravel().tolist()) for i in range(4)] == slices
+  # 2 x 2 slices over data and fsdp: each slice is one 2 x 2 block of the
+  # data x fsdp plane, at its place in the DCN grid.
+  grid = sharding_lib.listed_device_array(slices, (2, 2, 1), (2, 2, 1))
+  assert grid.shape == (4, 4, 1)
+  for s, (i, j) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
+    assert sorted(grid[2 * i:2 * i + 2, 2 * j:2 * j + 2].ravel().tolist()) == slices[s]
+
+
 if __name__ == "__main__":
   print(json.dumps(_child(json.loads(sys.argv[1]))))
 

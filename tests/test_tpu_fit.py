@@ -98,11 +98,56 @@ def test_v4_topologies_are_asked_for_one_megacore_device_per_chip(monkeypatch):
                    dict(platform="tpu", topology_name="v5e:2x4")]
 
 
+# The shape of libtpu's multi-slice program text (abridged): cross-slice
+# all-reduces lowered to megascale sends, one in the entry computation and
+# one in a loop body that runs 11 times.
+_MEGASCALE_HLO = """HloModule jit_train_step
+
+%body.1 (p: (s32[], bf16[4,8,128])) -> (s32[], bf16[4,8,128]) {
+  %after-all.2 = token[] after-all()
+  %send.2 = (bf16[4,8,128]{2,1,0:T(8,128)(2,1)}, u32[], token[]) send(%x, %after-all.2), channel_id=5, is_host_transfer=true, frontend_attributes={_xla_host_transfer_handler_name="xla_megascale_runtime",_xla_megascale_transfer_type="ALL_REDUCE"}
+  %recv.2 = (bf16[4,8,128]{2,1,0}, u32[], token[]) recv(%after-all.2), channel_id=6, is_host_transfer=true, frontend_attributes={_xla_host_transfer_handler_name="xla_megascale_runtime",_xla_megascale_transfer_type="ALL_REDUCE"}
+}
+
+%cond.1 (p: (s32[], bf16[4,8,128])) -> pred[] {
+  %constant.9 = s32[]{:T(128)} constant(11)
+  %gte.1 = s32[]{:T(128)} get-tuple-element(%p), index=0
+  ROOT %lt.1 = pred[]{:T(512)} compare(%gte.1, %constant.9), direction=LT
+}
+
+ENTRY %main.1 (a: f32[1024]) -> f32[1024] {
+  %after-all.1 = token[] after-all()
+  %send.1 = (f32[2,8,128]{2,1,0:T(8,128)}, u32[], token[]) send(%a, %after-all.1), channel_id=3, is_host_transfer=true, frontend_attributes={_xla_host_transfer_handler_name="xla_megascale_runtime",_xla_megascale_transfer_type="ALL_REDUCE"}
+  %all-reduce.1 = f32[1024]{0} all-reduce(%a), channel_id=1, replica_groups={{0,1,2,3}}, to_apply=%add
+  %while.1 = (s32[], bf16[4,8,128]) while(%t), condition=%cond.1, body=%body.1
+  %send.9 = (f32[64]{0}, u32[], token[]) send(%a, %after-all.1), channel_id=9, is_host_transfer=true, frontend_attributes={_xla_host_transfer_handler_name="other"}
+}
+"""
+
+
+def test_dcn_bytes_are_the_megascale_sends_times_their_loop_trips():
+  from bertjax.benchmarks import dcn_traffic  # pylint: disable=g-import-not-at-top
+  traffic = dcn_traffic.dcn_traffic(_MEGASCALE_HLO)
+  # f32[2,8,128] once, bf16[4,8,128] in a body that runs 11 times; the
+  # all-reduce inside the slice and the other handler's send are not DCN.
+  once, looped = 4 * 2 * 8 * 128, 2 * 4 * 8 * 128
+  assert traffic.sends == 2 and traffic.uncounted_loops == 0
+  assert traffic.bytes_per_step == once + 11 * looped
+  assert traffic.by_type == {"ALL_REDUCE": once + 11 * looped}
+  unknown = _MEGASCALE_HLO.replace("direction=LT", "direction=NE")
+  assert dcn_traffic.dcn_traffic(unknown).uncounted_loops == 1
+  assert dcn_traffic.dcn_traffic(unknown).bytes_per_step == once + looped
+  assert dcn_traffic.gradient_allreduce_bytes(110_000_000, 256) == 110_000_000 * 4 // 256
+
+
 def _child(payload):
-  """Topology devices and available HBM as libtpu gives them, or (with "finetune")
-  the memory of a small SQuAD fine-tuning step at each grad_accum_steps."""
+  """Topology devices and available HBM as libtpu gives them, (with "finetune") the
+  memory of a small SQuAD fine-tuning step at each grad_accum_steps, or a two-slice
+  compile."""
   if "finetune" in payload:
     return _finetune_child(payload["finetune"])
+  if "two_slices" in payload:
+    return _two_slice_compile()
   return {name: {"devices": len(tpu_topology.topology_devices(name)),
                  "chips": benchmark._count_chips(tpu_topology.topology_devices(name)),  # pylint: disable=protected-access
                  "available_gib": tpu_topology.available_hbm_bytes(name) / GIB}
@@ -166,6 +211,55 @@ def test_accumulation_shrinks_a_fine_tuning_steps_temporaries_on_one_v5e_chip():
   assert one["fits"] and four["fits"]
   assert one["arguments"] == four["arguments"]  # The same state and batch...
   assert four["temp"] < 0.5 * one["temp"], result  # ...a quarter of the activations.
+
+
+def _two_slice_compile():
+  """A small BERT's train step compiled for two v5e:2x2 slices, BASE's and LARGE's meshes."""
+  sys.path.insert(0, os.path.join(jax_child.REPO, "configs"))
+  import base  # pylint: disable=g-import-not-at-top
+  import large  # pylint: disable=g-import-not-at-top
+  from bertjax.train import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
+  out = {}
+  for name, module in (("base", base), ("large", large)):
+    config = module.get_config()
+    config.model.update(vocab_size=512, hidden_size=64, num_layers=3, num_heads=4,
+                        intermediate_size=128, attention_dropout_rate=0.0)
+    for phase in config.phases.values():
+      phase.global_batch_size = 32
+    devices = tpu_topology.topology_devices("v5e:2x2", 2)
+    mesh = sharding_lib.make_mesh(config.mesh, devices)
+    two = benchmark.aot_compile(config, "v5e:2x2", "seq128", num_slices=2)
+    out[name] = dict(
+        mesh=two.mesh, chips=two.chips, devices=two.devices, fits=two.fits,
+        dcn=two.dcn.bytes_per_step, sends=two.dcn.sends, uncounted=two.dcn.uncounted_loops,
+        analytic=two.gradient_allreduce_bytes,
+        # The slice of the devices in each row of make_mesh's data axis.
+        data_rows=[sorted({d.slice_index for d in row.ravel()}) for row in mesh.devices])
+  return out
+
+
+def test_a_two_slice_topology_compiles_with_data_parallelism_across_slices():
+  if importlib.util.find_spec("libtpu") is None:
+    pytest.skip("libtpu is not installed (pip install 'jax[tpu]')")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1",
+             PYTHONPATH=os.pathsep.join([jax_child.REPO, os.path.dirname(__file__)]))
+  done = subprocess.run([sys.executable, __file__, json.dumps({"two_slices": True})],
+                        env=env, capture_output=True, text=True, timeout=600, check=False)
+  assert done.returncode == 0, done.stderr[-6000:]
+  result = json.loads(done.stdout.strip().splitlines()[-1])
+  base, large = result["base"], result["large"]
+  assert base["mesh"] == {"data": 8, "fsdp": 1, "tensor": 1}
+  assert large["mesh"] == {"data": 2, "fsdp": 4, "tensor": 1}
+  for r in (base, large):
+    assert r["chips"] == r["devices"] == 8 and r["fits"]
+    # Gradients cross the DCN: the program's sends are of the order of the
+    # hierarchical all-reduce of the fp32 gradients (some go as bf16, some
+    # are padded to tiles).
+    assert r["sends"] > 0 and r["uncounted"] == 0
+    assert 0.3 * r["analytic"] < r["dcn"] < 3 * r["analytic"], r
+  # LARGE: each data row (a replica of FSDP shards) lies in one slice.
+  assert large["data_rows"] == [[0], [1]]
+  assert base["data_rows"] == [[0]] * 4 + [[1]] * 4
 
 
 if __name__ == "__main__":

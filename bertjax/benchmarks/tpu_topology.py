@@ -18,13 +18,20 @@ import jax.numpy as jnp
 TOPOLOGY_OPTIONS = {"v4": {"chip_config_name": "megacore"}}
 
 
-def topology_devices(topology: str) -> list:
-  """The compile-only devices of a TPU topology (e.g. v4:2x2x1, v5e:1x1), one per chip."""
+def topology_devices(topology: str, num_slices: int = 1) -> list:
+  """The compile-only devices of `num_slices` slices of a TPU topology (e.g. v4:2x2x1,
+  v5e:1x1), one per chip.
+
+  With several slices the devices are listed slice by slice, each naming its
+  slice (slice_index) as the devices of a multi-slice job do.
+  """
   from jax.experimental import topologies  # pylint: disable=g-import-not-at-top
   options = dict(TOPOLOGY_OPTIONS.get(topology.split(":")[0], {}))
   if all(n == "1" for n in topology.split(":")[-1].split("x")):
     # One chip: libtpu's default host of 2x2 chips would not divide it.
     options["chips_per_host_bounds"] = (1, 1, 1)
+  if num_slices > 1:
+    options["num_slices"] = num_slices
   return topologies.get_topology_desc(platform="tpu", topology_name=topology,
                                       **options).devices
 

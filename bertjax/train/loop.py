@@ -125,7 +125,9 @@ def _setup(config) -> tuple[Run, BertForPreTraining, Any, dict[str, Any]]:
                                  "but the first phase's data has no metadata.json")
   model_config = run_config.validate(config, num_devices=jax.device_count(),
                                      process_count=jax.process_count(),
-                                     vocab_size=vocab_size, platform=jax.default_backend())
+                                     vocab_size=vocab_size, platform=jax.default_backend(),
+                                     num_slices=len(sharding_lib.device_slices(
+                                         jax.devices(), config.mesh)[0]))
   plan = run_config.phases(config)
   if config.data.source == "tfrecord":
     for p in plan:  # The records must be made for the objective (their metadata.json).

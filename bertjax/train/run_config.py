@@ -28,7 +28,7 @@ _GROUPS = {
     "optimizer": {"name", "learning_rate", "b1", "b2", "eps", "weight_decay",
                   "bias_correction", "schedule", "clip_norm", "warmup_steps", "end_learning_rate",
                   "per_phase_warmup", "grad_accum_steps", "max_nonfinite_in_a_row"},
-    "mesh": {"data", "fsdp", "tensor", "rules"},
+    "mesh": {"data", "fsdp", "tensor", "dcn_data", "dcn_fsdp", "dcn_tensor", "rules"},
     "checkpoint": {"every_steps", "keep", "async_save"},
     "logging": {"every_steps", "eval_every_steps", "eval_batches", "peak_tflops",
                 "profile_steps"},
@@ -203,11 +203,12 @@ def _check_packing(config, model: BertConfig, plan: list[Phase], dp: Optional[in
 
 def validate(config: ml_collections.ConfigDict, *, num_devices: Optional[int] = None,
              process_count: int = 1, vocab_size: Optional[int] = None,
-             platform: Optional[str] = None) -> BertConfig:
+             platform: Optional[str] = None, num_slices: int = 1) -> BertConfig:
   """Raises ConfigError naming the field; returns the model config.
 
-  `num_devices` resolves a -1 in config.mesh; without it the checks that
-  need the mesh's sizes take only the sizes the config fixes. `platform`
+  `num_devices` (in `num_slices` slices) resolves a -1 in config.mesh;
+  without it the checks that need the mesh's sizes take only the sizes the
+  config fixes. `platform`
   ('tpu', 'gpu', 'cpu') is where the steps will run, for what
   model.attention_impl='auto' picks there; None checks as for TPU.
   """
@@ -252,10 +253,11 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: Optional[int] = 
   if config.logging.every_steps < 1:
     _fail("logging.every_steps", "must be at least 1")
   dp = None
-  tensor = int(config.mesh.tensor)  # -1 while the device count is unknown.
+  ici_dcn = (int(config.mesh.tensor), int(getattr(config.mesh, "dcn_tensor", 1)))
+  tensor = math.prod(ici_dcn) if min(ici_dcn) > 0 else -1  # -1 while the device count is unknown.
   if num_devices is not None:
     try:
-      shape = sharding_lib.mesh_shape(config.mesh, num_devices)
+      shape = sharding_lib.mesh_shape(config.mesh, num_devices, num_slices)
     except ValueError as e:
       raise ConfigError(f"--{e}") from None
     dp, tensor = shape[0] * shape[1], shape[2]
