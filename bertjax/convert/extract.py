@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bertjax.model import feature_based
 from bertjax.model.bert import BertModel
 from bertjax.model.config import BertConfig
 from bertjax.records import fileio
@@ -83,13 +84,10 @@ def encode(tokenizer, examples: Sequence[Example], max_seq_length: int) -> Encod
 
 def layer_positions(layers: Sequence[int], num_layers: int) -> list[int]:
   """Indices into BertModel.hidden_states (embeddings first) of the release's layer indexes."""
-  out = []
-  for i in layers:
-    if not -num_layers <= i < num_layers:
-      raise ValueError(f"--layers: {i} is not a layer of a {num_layers}-layer model "
-                       f"(give -{num_layers}..{num_layers - 1}; -1 is the last)")
-    out.append(i + 1 if i >= 0 else num_layers + 1 + i)
-  return out
+  try:
+    return [feature_based.hidden_state_index(i, num_layers) for i in layers]
+  except ValueError as e:
+    raise ValueError(f"--layers: {e}") from None
 
 
 class Extractor:

@@ -168,10 +168,10 @@ def finetune_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   num_steps = max(1, batches_lib.train_steps(len(train), config.global_batch_size,
                                              config.num_epochs))
   schedule = _schedule(config, num_steps)
-  tx = opt_lib.make_optimizer(config.optimizer, schedule)
+  tx = opt_lib.make_optimizer(config.optimizer, schedule, frozen=task.frozen)
   mesh = sharding_lib.make_mesh(config.mesh)
   rules = sharding_lib.rules(config.mesh)
-  model = registry.model_for(task, prepared.model_config)
+  model = registry.model_for(task, prepared.model_config, config)
   init = registry.init_fn(task, config.max_seq_length)
   checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"),
                                        keep=config.checkpoint.keep,
