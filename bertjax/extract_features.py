@@ -10,14 +10,14 @@ Face BERT directory or the original release's TF1 checkpoint directory
 (bert_model.ckpt.* with bert_config.json and vocab.txt). Each input line is
 "text_a" or "text_a ||| text_b". --output_format=json writes the release's
 JSON lines; npy writes OUTPUT.npy (float32 [N, max_seq_length, K, D]) and
-OUTPUT.tokens.jsonl (bertjax/convert/extract.py has the layouts).
+OUTPUT.tokens.jsonl (bertjax/tasks/extract.py has the layouts).
 """
 
 from absl import app
 from absl import flags
 from absl import logging
 
-from bertjax.convert import extract
+from bertjax.tasks import extract
 from bertjax.convert import inference
 from bertjax.train import usage
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import transformers
 
-from bertjax.convert import extract
+from bertjax.tasks import extract
 from bertjax.convert import hf
 from bertjax.convert import hf_files
 from bertjax.convert import tf1
