@@ -12,6 +12,7 @@ import pytest
 
 from bertjax.convert import hf
 from bertjax.convert import hf_files
+from bertjax.convert import inference
 from bertjax.convert import weights
 from bertjax.model.config import BertConfig
 from bertjax.tasks import loop
@@ -53,9 +54,9 @@ def test_gradients_reach_only_the_tagger_and_the_optimizer_leaves_bert_alone():
   config.feature_based.lstm_units = 8
   config.feature_based.layers = (-1, -2)
   model = registry.model_for(task, bert_config, config)
-  params = jax.tree.map(lambda x: x.unbox() if hasattr(x, "unbox") else x,
-                        registry.init_fn(task, 12)(model, jax.random.key(0)),
-                        is_leaf=lambda x: hasattr(x, "unbox"))
+  params = jax.jit(lambda r: jax.tree.map(
+      lambda x: x.unbox() if hasattr(x, "unbox") else x, registry.init_fn(task, 12)(model, r),
+      is_leaf=lambda x: hasattr(x, "unbox")))(jax.random.key(0))
   assert set(params) == {"bert", "lstm_0", "lstm_1", "tagger"}
   assert set(params["bert"]) == {"embeddings", "encoder", "pooler"}
   rng = np.random.default_rng(0)
@@ -68,16 +69,16 @@ def test_gradients_reach_only_the_tagger_and_the_optimizer_leaves_bert_alone():
   def loss(p):
     outputs = step_lib.forward(p, model.apply, batch, jax.random.key(1), deterministic=False)
     return step_lib.loss_and_hits("token", outputs, batch)[0]
-  grads = jax.grad(loss)(params)
+  grads = jax.jit(jax.grad(loss))(params)
   assert all(not np.asarray(g).any() for g in jax.tree.leaves(grads["bert"]))
   for name in ("lstm_0", "lstm_1", "tagger"):
     assert all(np.asarray(g).any() for g in jax.tree.leaves(grads[name])), name
   # With weight decay and gradients given for every parameter, BERT's updates are zero.
   tx = opt_lib.make_optimizer(config.optimizer, optax.constant_schedule(1e-2),
                               frozen=task.frozen)
-  state = tx.init(params)
+  state = jax.jit(tx.init)(params)
   some_grads = jax.tree.map(jnp.ones_like, params)
-  updates, _ = tx.update(some_grads, state, params)
+  updates, _ = jax.jit(tx.update)(some_grads, state, params)
   assert all(not np.asarray(u).any() for u in jax.tree.leaves(updates["bert"]))
   assert all(np.asarray(u).any() for u in jax.tree.leaves(updates["tagger"]))
   # Adam's two moments for the tagger only (and a few counters): none for BERT.
@@ -115,6 +116,13 @@ def test_bert_stays_bitwise_equal_and_the_tagger_learns(tmp_path):
     # The word table has zero rows past the vocab (model.vocab_multiple).
     np.testing.assert_array_equal(flat_trained[path][:len(x)], x, err_msg="/".join(path))
     assert not flat_trained[path][len(x):].any()
+  # The run's checkpoint serves feature extraction: its encoder, vocab and casing.
+  params, loaded_config, tokenizer = inference.load_encoder(str(tmp_path / "run" / "checkpoints"))
+  assert loaded_config.num_layers == 2 and not tokenizer.do_lower_case
+  assert tokenizer.path == config.vocab_file
+  flat_loaded = hf.flatten(jax.tree.map(np.asarray, params))
+  for path, x in flat_trained.items():
+    np.testing.assert_array_equal(flat_loaded[path], x, err_msg="/".join(path))
 
 
 def test_a_config_without_the_feature_group_is_refused(tmp_path):

@@ -51,7 +51,8 @@ def _hf_vocab(directory: str, vocab_file: Optional[str],
 def load_encoder(path: str, vocab_file: Optional[str] = None,
                  do_lower_case: Optional[bool] = None
                  ) -> tuple[dict, BertConfig, tokenization.WordPieceTokenizer]:
-  """(BertModel's params on the first local device, fp32 model config, tokenizer)
+  """(BertModel's params on the first local device, the model config computing
+  in fp32, tokenizer)
   of a bertjax checkpoint (pretraining or fine-tuning), a Hugging Face BERT
   directory (heads optional) or the original release's TF1 checkpoint.
 
@@ -59,19 +60,26 @@ def load_encoder(path: str, vocab_file: Optional[str] = None,
   `do_lower_case`, else what the checkpoint records (weights.checkpoint_settings),
   else lower-cased, as the original release's extract_features.py defaults.
   """
-  settings = weights.checkpoint_settings(path)
-  config = BertConfig(**settings.model)
-  model = BertModel(config)
-  shapes = jax.eval_shape(lambda: nn.unbox(model.init(
-      jax.random.key(0), *(jnp.zeros((1, 8), jnp.int32),) * 3)["params"]))
-  device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
-                          shapes)
-  params = weights.load_weights(path, abstract, config)
   if weights.is_bertjax_checkpoint(path):
+    # Pretraining and fine-tuning trees alike hold BertModel's tree under "bert".
+    config = weights.checkpoint_config(ckpt_lib.read_meta(path), path).replace(
+        dtype="float32", attention_impl="auto")
+    params = weights.read_checkpoint_params(path)  # Onto the first local device.
+    if "bert" not in params:
+      raise ValueError(f"--checkpoint={path}: the checkpoint's parameters have no encoder "
+                       f"('bert'), only {sorted(params)}")
+    params = params["bert"]
     vocab = run_vocab.find_vocab(path, vocab_file, do_lower_case)
   else:
     from bertjax.convert import tf1  # pylint: disable=g-import-not-at-top
+    settings = weights.checkpoint_settings(path)
+    config = BertConfig(**settings.model)
+    shapes = jax.eval_shape(lambda: nn.unbox(BertModel(config).init(
+        jax.random.key(0), *(jnp.zeros((1, 8), jnp.int32),) * 3)["params"]))
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), shapes)
+    params = weights.load_weights(path, abstract, config)
     directory = (os.path.dirname(tf1._prefix(path))  # pylint: disable=protected-access
                  if tf1.is_tf1_checkpoint(path) else path)
     recorded = settings.do_lower_case
