@@ -38,7 +38,8 @@ _FORMAT = flags.DEFINE_enum("output_format", "json", ["json", "npy"], "json: the
 _VOCAB = flags.DEFINE_string("vocab_file", None, "vocab.txt to use instead of the "
                              "checkpoint's.")
 _LOWER = flags.DEFINE_bool("do_lower_case", None, "Lower-case the text; default: what the "
-                           "checkpoint records, else True (as the original release).")
+                           "checkpoint records, else (Hugging Face, TF1) True as in the "
+                           "original release.")
 
 
 def _layers(text: str) -> list[int]:

@@ -56,9 +56,11 @@ def load_encoder(path: str, vocab_file: Optional[str] = None,
   of a bertjax checkpoint (pretraining or fine-tuning), a Hugging Face BERT
   directory (heads optional) or the original release's TF1 checkpoint.
 
-  The vocab is the run's (bertjax) or the directory's vocab.txt; the casing
-  `do_lower_case`, else what the checkpoint records (weights.checkpoint_settings),
-  else lower-cased, as the original release's extract_features.py defaults.
+  The vocab is the run's (bertjax: run_vocab.find_vocab, which also finds the
+  casing) or the directory's vocab.txt; a directory's casing is
+  `do_lower_case`, else what it records (tokenizer_config.json or an original
+  release's directory name), else lower-cased, as the original release's
+  extract_features.py defaults.
   """
   if weights.is_bertjax_checkpoint(path):
     # Pretraining and fine-tuning trees alike hold BertModel's tree under "bert".

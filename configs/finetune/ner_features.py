@@ -24,6 +24,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.task = "conll2003_features"  # CoNLL-2003 tagged by a BiLSTM over frozen BERT features.
   config.num_epochs = 4.0  # Passes over the training split (the paper gives no figure; bertjax's choice).
   config.optimizer.learning_rate = 1e-3  # Peak rate for the LSTM and classifier (bertjax's choice; BERT is frozen).
+  config.sweep.learning_rates = (2e-3, 1e-3, 5e-4)  # --config.sweep.enabled's grid for the tagger (bertjax's choice).
 
   config.feature_based = ml_collections.ConfigDict()
   config.feature_based.layers = (-1, -2, -3, -4)  # Encoder layers concatenated per token (0 the first, -1 the last).
