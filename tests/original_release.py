@@ -14,6 +14,12 @@ which would clash with other tests' flags in the pytest process.
       The release's run_classifier: TASK's (cola, mnli, mrpc) dev (or, with
       SPLIT test, test) examples as its processor reads them and
       convert_examples_to_features makes them.
+  python original_release.py extract-features CKPT_DIR INPUT OUTPUT LAYERS MAX_SEQ BATCH
+      The release's extract_features.py main() on the TF1 checkpoint in
+      CKPT_DIR (bert_model.ckpt, bert_config.json, vocab.txt, lower-cased):
+      its graph with test_tf1's stand-ins for tf.contrib and the exact GELU,
+      its TPUEstimator replaced by a session that runs model_fn's predictions
+      batch by batch (TensorFlow 2 has no estimator).
 """
 
 import json
@@ -86,6 +92,53 @@ def classify(task, data_dir, vocab, max_seq, out_npz, split="dev"):
                        for k in ("input_ids", "input_mask", "segment_ids", "label_id")})
 
 
+def _session_estimator(real_tf, v1):
+  """tf.estimator's names extract_features.main uses, predicting in a session."""
+  class Estimator:
+    def __init__(self, use_tpu, model_fn, config, predict_batch_size):
+      del use_tpu, config
+      self.model_fn, self.batch_size = model_fn, predict_batch_size
+
+    def predict(self, input_fn, yield_single_examples=True):
+      assert yield_single_examples
+      with real_tf.Graph().as_default():
+        dataset = input_fn({"batch_size": self.batch_size})
+        features = v1.data.make_one_shot_iterator(dataset).get_next()
+        predictions = self.model_fn(features, None, "infer", {})
+        with v1.Session() as sess:
+          sess.run(v1.global_variables_initializer())  # init_from_checkpoint's values.
+          while True:
+            try:
+              batch = sess.run(predictions)
+            except v1.errors.OutOfRangeError:
+              return
+            for i in range(len(batch["unique_id"])):
+              yield {k: v[i] for k, v in batch.items()}
+
+  tpu = types.SimpleNamespace(
+      InputPipelineConfig=types.SimpleNamespace(PER_HOST_V2=2),
+      RunConfig=lambda **kw: kw, TPUConfig=lambda **kw: kw, TPUEstimator=Estimator,
+      TPUEstimatorSpec=lambda mode, predictions, scaffold_fn: predictions)
+  return types.SimpleNamespace(ModeKeys=types.SimpleNamespace(PREDICT="infer"), tpu=tpu)
+
+
+def extract_features(ckpt_dir, input_file, output_file, layers, max_seq, batch):
+  import os  # pylint: disable=g-import-not-at-top
+  from test_tf1 import _stand_in_tensorflow  # pylint: disable=g-import-not-at-top
+  real_tf, v1 = _stand_in_tensorflow()
+  from bert import extract_features as release  # pylint: disable=g-import-not-at-top
+  from bert import modeling  # pylint: disable=g-import-not-at-top
+  modeling.gelu = lambda x: 0.5 * x * (1.0 + v1.math.erf(x / np.sqrt(2.0)))
+  v1.estimator = _session_estimator(real_tf, v1)
+  release.FLAGS([
+      "extract_features", f"--input_file={input_file}", f"--output_file={output_file}",
+      f"--layers={layers}", f"--max_seq_length={max_seq}", f"--batch_size={batch}",
+      f"--vocab_file={os.path.join(ckpt_dir, 'vocab.txt')}", "--do_lower_case=True",
+      f"--bert_config_file={os.path.join(ckpt_dir, 'bert_config.json')}",
+      f"--init_checkpoint={os.path.join(ckpt_dir, 'bert_model.ckpt')}"])
+  release.main(None)
+
+
 if __name__ == "__main__":
   command, args = sys.argv[1], sys.argv[2:]
   if command == "tokenize":
@@ -96,5 +149,7 @@ if __name__ == "__main__":
     read(args[0], args[1], args[2], args[3:])
   elif command == "classify":
     classify(*args)
+  elif command == "extract-features":
+    extract_features(*args)
   else:
     raise SystemExit(f"unknown command {command!r}")

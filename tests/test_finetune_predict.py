@@ -261,7 +261,7 @@ def test_conll_predictions_file(vocab, tmp_path):
   with open(os.path.join(workdir, "predictions", conll.PREDICTIONS), encoding="utf-8") as f:
     sentences = [s.split("\n") for s in f.read().strip("\n").split("\n\n")]
   split, dev = _dev_outputs(config, workdir)
-  words, _, _ = conll.read_sentences(str(data / "valid.txt"))
+  words = conll.read_sentences(str(data / "valid.txt"))[0]
   first_positions = conll.encode(
       tokenization.load_tokenizer("wordpiece", vocab, False), words,
       [np.zeros(len(w), np.int32) for w in words], 16)[1]

@@ -7,6 +7,8 @@ bertjax checkpoint (saved on any mesh or topology: read onto the first
 local device) or a Hugging Face BERT directory, and finds the vocab the
 model was trained with: the run's data for a checkpoint (run_vocab.py), the
 directory's vocab.txt and tokenizer_config.json for an export.
+`load_encoder` reads the encoder alone for `python -m bertjax.extract_features`,
+from those two or the original release's TF1 checkpoint.
 """
 
 import dataclasses
@@ -23,7 +25,7 @@ import numpy as np
 from bertjax.convert import hf
 from bertjax.convert import run_vocab
 from bertjax.convert import weights
-from bertjax.model.bert import BertForPreTraining
+from bertjax.model.bert import BertForPreTraining, BertModel
 from bertjax.model.config import BertConfig
 from bertjax.records import fileio
 from bertjax.train import checkpoint as ckpt_lib
@@ -33,7 +35,8 @@ from bertjax.text import tokenization
 
 
 def _hf_vocab(directory: str, vocab_file: Optional[str],
-              do_lower_case: Optional[bool]) -> run_vocab.Vocab:
+              do_lower_case: Optional[bool], default_lower_case: bool = True
+              ) -> run_vocab.Vocab:
   path = vocab_file or os.path.join(directory, run_vocab.VOCAB_NAME)
   if not fileio.exists(path):
     raise ValueError(f"--vocab_file: {directory} has no {run_vocab.VOCAB_NAME}; pass the "
@@ -41,8 +44,53 @@ def _hf_vocab(directory: str, vocab_file: Optional[str],
   if do_lower_case is None:
     config_path = os.path.join(directory, run_vocab.TOKENIZER_CONFIG_NAME)
     settings = json.loads(fileio.read_text(config_path)) if fileio.exists(config_path) else {}
-    do_lower_case = settings.get("do_lower_case", True)
+    do_lower_case = settings.get("do_lower_case", default_lower_case)
   return run_vocab.Vocab(tuple(tokenization.read_vocab(path)), bool(do_lower_case), path)
+
+
+def load_encoder(path: str, vocab_file: Optional[str] = None,
+                 do_lower_case: Optional[bool] = None
+                 ) -> tuple[dict, BertConfig, tokenization.WordPieceTokenizer]:
+  """(BertModel's params on the first local device, the model config computing
+  in fp32, tokenizer)
+  of a bertjax checkpoint (pretraining or fine-tuning), a Hugging Face BERT
+  directory (heads optional) or the original release's TF1 checkpoint.
+
+  The vocab is the run's (bertjax: run_vocab.find_vocab, which also finds the
+  casing) or the directory's vocab.txt; a directory's casing is
+  `do_lower_case`, else what it records (tokenizer_config.json or an original
+  release's directory name), else lower-cased, as the original release's
+  extract_features.py defaults.
+  """
+  if weights.is_bertjax_checkpoint(path):
+    # Pretraining and fine-tuning trees alike hold BertModel's tree under "bert".
+    config = weights.checkpoint_config(ckpt_lib.read_meta(path), path).replace(
+        dtype="float32", attention_impl="auto")
+    params = weights.read_checkpoint_params(path)  # Onto the first local device.
+    if "bert" not in params:
+      raise ValueError(f"--checkpoint={path}: the checkpoint's parameters have no encoder "
+                       f"('bert'), only {sorted(params)}")
+    params = params["bert"]
+    vocab = run_vocab.find_vocab(path, vocab_file, do_lower_case)
+  else:
+    from bertjax.convert import tf1  # pylint: disable=g-import-not-at-top
+    settings = weights.checkpoint_settings(path)
+    config = BertConfig(**settings.model)
+    shapes = jax.eval_shape(lambda: nn.unbox(BertModel(config).init(
+        jax.random.key(0), *(jnp.zeros((1, 8), jnp.int32),) * 3)["params"]))
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), shapes)
+    params = weights.load_weights(path, abstract, config)
+    directory = (os.path.dirname(tf1._prefix(path))  # pylint: disable=protected-access
+                 if tf1.is_tf1_checkpoint(path) else path)
+    recorded = settings.do_lower_case
+    vocab = _hf_vocab(directory, vocab_file, do_lower_case,
+                      True if recorded is None else recorded)
+  run_vocab.check_fits(vocab, config.vocab_size)
+  tokenizer = tokenization.WordPieceTokenizer(vocab.source, vocab.do_lower_case,
+                                              tokens=vocab.tokens)
+  return params, config, tokenizer
 
 
 def load(path: str, vocab_file: Optional[str] = None, do_lower_case: Optional[bool] = None

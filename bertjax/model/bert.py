@@ -1,6 +1,7 @@
 """The BERT encoder and its pretraining heads (masked LM and next sentence).
 
-`BertModel` is what fine-tuning needs: sequence output and the tanh pooler.
+`BertModel` is what fine-tuning needs: sequence output and the tanh pooler
+(and, through `hidden_states`, every layer's output for feature extraction).
 `BertForPreTraining` adds the heads. The masked-LM head runs only at
 `masked_lm_positions` (gathered first, as the original release does), so
 pretraining never forms the full sequence x vocab logits; in training the
@@ -63,6 +64,14 @@ class BertModel(nn.Module):
       cls_BxD = x_BxLxD[:, :cls_positions.shape[1]]
     pooled_BxD = jnp.tanh(self.pooler(cls_BxD).astype(jnp.float32))
     return x_BxLxD, pooled_BxD
+
+  def hidden_states(self, input_ids, input_mask, segment_ids, deterministic: bool = True):
+    """[num_layers + 1, B, L, D]: the embeddings' output, then each layer's
+    output (transformers' output_hidden_states; [-1] is the sequence output)."""
+    x_BxLxD = self.embeddings(input_ids, segment_ids, deterministic)
+    layers_NxBxLxD = self.encoder(x_BxLxD, attention_mask(input_mask), deterministic,
+                                  all_layers=True)
+    return jnp.concatenate([x_BxLxD[None].astype(layers_NxBxLxD.dtype), layers_NxBxLxD])
 
 
 class MaskedLMHead(nn.Module):

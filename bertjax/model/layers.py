@@ -370,30 +370,39 @@ class Encoder(nn.Module):
   """The stack of layers, scanned (params stacked on a 'layers' axis) or unrolled.
 
   With `positions_BxQ` the last layer runs only at those positions and the
-  encoder returns [B, Q, D] (the parameters are the same either way). The
-  scanned stack is created by nn.scan and run by run_stack.
+  encoder returns [B, Q, D] (the parameters are the same either way). With
+  `all_layers` it returns every layer's output, [num_layers, B, L, D] (layer
+  0 first). The scanned stack is created by nn.scan and run by run_stack.
   """
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x_BxLxD, mask_BxL, deterministic: bool, positions_BxQ=None):
+  def __call__(self, x_BxLxD, mask_BxL, deterministic: bool, positions_BxQ=None,
+               all_layers: bool = False):
     c = self.config
+    if all_layers and positions_BxQ is not None:
+      raise ValueError("Encoder: all_layers returns every position; give no positions")
     layer_cls = _layer_class(c)
     if not c.scan_layers:
+      outputs = []
       for i in range(c.num_layers):
         last = positions_BxQ if i == c.num_layers - 1 else None
         x_BxLxD, _ = layer_cls(c, deterministic, name=f"layer_{i}")(x_BxLxD, mask_BxL, last)
-      return x_BxLxD
+        outputs.append(x_BxLxD)
+      return jnp.stack(outputs) if all_layers else x_BxLxD
     if self.is_initializing():
       # Initialisation creates the stacked parameters through nn.scan.
       stack = _scan(layer_cls, c.num_layers)(c, deterministic, name="layers")
-      x_BxLxD = stack(x_BxLxD, mask_BxL, None)[0]
-      if positions_BxQ is None:
-        return x_BxLxD
-      return jnp.take_along_axis(x_BxLxD, positions_BxQ[..., None].astype(jnp.int32), axis=1)
+      out_BxLxD = stack(x_BxLxD, mask_BxL, None)[0]
+      if not all_layers:
+        if positions_BxQ is None:
+          return out_BxLxD
+        return jnp.take_along_axis(out_BxLxD, positions_BxQ[..., None].astype(jnp.int32),
+                                   axis=1)
     rng = None if deterministic else self.make_rng("dropout")
     stacked = nn.unbox(self.variables["params"]["layers"])
-    return run_stack(c, deterministic, stacked, x_BxLxD, mask_BxL, positions_BxQ, rng)
+    return run_stack(c, deterministic, stacked, x_BxLxD, mask_BxL, positions_BxQ, rng,
+                     all_layers)
 
 
 def _layer_class(c: BertConfig):
@@ -431,11 +440,12 @@ def _parameters_recomputed(policy, stacked):
 
 
 def run_stack(c: BertConfig, deterministic: bool, stacked, x_BxLxD, mask_BxL,
-              positions_BxQ, rng):
+              positions_BxQ, rng, all_layers: bool = False):
   """The scanned encoder's layers over stacked parameters ([L, ...] each).
 
   Without positions every layer runs at every position, a loop over the
-  stack. With `positions_BxQ`, layers 0..L-2 run in a loop over all
+  stack; with `all_layers` the loop also returns each layer's output
+  ([num_layers, B, L, D]). With `positions_BxQ`, layers 0..L-2 run in a loop over all
   positions and layer L-1 only at those positions ([B, Q, D] out): that
   loop reads layer i out of the whole stack by index, and the backward pass
   recomputes the read instead of keeping it, so no copy of the stack
@@ -452,8 +462,11 @@ def run_stack(c: BertConfig, deterministic: bool, stacked, x_BxLxD, mask_BxL,
   if positions_BxQ is None:
     step = (run_layer if c.remat_policy == "none"
             else jax.checkpoint(run_layer, policy=policy, prevent_cse=False))
-    return jax.lax.scan(lambda x, params_i: (step(params_i[0], x, params_i[1]), None),
-                        x_BxLxD, (stacked, jnp.arange(c.num_layers)))[0]
+    def body(x, params_i):
+      y = step(params_i[0], x, params_i[1])
+      return y, (y if all_layers else None)
+    last_BxLxD, every_NxBxLxD = jax.lax.scan(body, x_BxLxD, (stacked, jnp.arange(c.num_layers)))
+    return every_NxBxLxD if all_layers else last_BxLxD
 
   @functools.partial(jax.checkpoint, policy=_parameters_recomputed(policy, stacked),
                      static_argnums=(3,))

@@ -1,6 +1,7 @@
 """Every fine-tuning task by name: its kind, label count, dev splits, data and head."""
 
 import dataclasses
+import functools
 from typing import Any, Callable, Optional
 
 import flax.linen as nn
@@ -9,6 +10,7 @@ import jax.numpy as jnp
 from bertjax.model import heads
 from bertjax.model.config import BertConfig
 from bertjax.tasks import conll
+from bertjax.tasks import feature_tagger
 from bertjax.tasks import glue
 from bertjax.tasks import same_document
 from bertjax.tasks import squad
@@ -32,6 +34,9 @@ class Task:
   # (tokenizer, config) -> the test sets to predict, each a Split whose
   # score(outputs, output_dir=) writes its prediction files; None: no test set.
   load_test: Optional[Callable[[Any, Any], list[Split]]] = None
+  # (model config, run config) -> the model, instead of the kind's head (model_for).
+  model: Optional[Callable[[BertConfig, Any], nn.Module]] = None
+  frozen: tuple[str, ...] = ()  # Top-level parameter keys the optimizer leaves unchanged.
 
 
 def _glue(t: glue.GlueTask) -> Task:
@@ -48,6 +53,11 @@ def _glue(t: glue.GlueTask) -> Task:
 TASKS: dict[str, Task] = {name: _glue(t) for name, t in glue.TASKS.items()}
 TASKS["conll2003"] = Task("conll2003", "token", len(conll.LABELS), ("dev",), "f1", conll.load,
                           labels=conll.LABELS, load_test=conll.load_test)
+TASKS["conll2003_features"] = Task(
+    "conll2003_features", "token", len(conll.LABELS), ("dev",), "f1", conll.load,
+    labels=conll.LABELS, configure=feature_tagger.check_config,
+    model=functools.partial(feature_tagger.model, num_labels=len(conll.LABELS)),
+    frozen=("bert",))
 TASKS["swag"] = Task("swag", "multiple_choice", 1, ("dev",), "accuracy", swag.load,
                      num_choices=swag.NUM_CHOICES, load_test=swag.load_test)
 TASKS["squad"] = Task("squad", "span", 2, ("dev",), "f1", squad.load,
@@ -76,8 +86,10 @@ def get_task(name: str) -> Task:
   return TASKS[by_spelling[_spelling(name)]]
 
 
-def model_for(task: Task, config: BertConfig) -> nn.Module:
-  """The head model the task trains."""
+def model_for(task: Task, config: BertConfig, run_config=None) -> nn.Module:
+  """The model the task trains: its own (Task.model, given the run config) or its kind's head."""
+  if task.model is not None:
+    return task.model(config, run_config)
   if task.kind in ("classification", "regression"):
     return heads.BertForSequenceClassification(config, num_labels=task.num_labels)
   if task.kind == "token":

@@ -52,7 +52,8 @@ def build_steps(config: ml_collections.ConfigDict, prepared) -> Steps:
   num_steps = max(1, batches_lib.train_steps(len(prepared.train), config.global_batch_size,
                                              config.num_epochs))
   schedule = unit_schedule(config, num_steps)
-  tx = opt_lib.make_optimizer_with_runtime_peak(config.optimizer, schedule)
+  tx = opt_lib.make_optimizer_with_runtime_peak(config.optimizer, schedule,
+                                                 frozen=prepared.task.frozen)
   mesh = sharding_lib.make_mesh(config.mesh)
   rules = sharding_lib.rules(config.mesh)
   accum = config.optimizer.grad_accum_steps
@@ -61,7 +62,7 @@ def build_steps(config: ml_collections.ConfigDict, prepared) -> Steps:
     raise ValueError(f"--config.global_batch_size={config.global_batch_size} is not "
                      f"divisible by optimizer.grad_accum_steps={accum} x the {dp} "
                      "data-parallel devices (mesh.data x mesh.fsdp)")
-  model = registry.model_for(prepared.task, prepared.model_config)
+  model = registry.model_for(prepared.task, prepared.model_config, config)
   init = registry.init_fn(prepared.task, config.max_seq_length)
   _, shardings = state_lib.abstract_train_state(model, tx, mesh, rules, init)
   p_train, p_predict = step_lib.jit_steps(shardings, mesh, prepared.task.kind, accum)

@@ -139,8 +139,33 @@ def scale_by_adam_no_bias_correction(b1: float, b2: float, eps: float):
   return optax.GradientTransformation(init_fn, update_fn)
 
 
-def make_optimizer(opt_config, schedule: optax.Schedule) -> optax.GradientTransformation:
-  """The optimizer chain named by opt_config.name."""
+def make_optimizer(opt_config, schedule: optax.Schedule,
+                   frozen: Sequence[str] = ()) -> optax.GradientTransformation:
+  """The optimizer chain named by opt_config.name. The parameters under the
+  top-level keys in `frozen` get zero updates and no optimizer state (clipping,
+  moments and weight decay see the others only)."""
+  tx = _optimizer_chain(opt_config, schedule)
+  return freeze(tx, frozen) if frozen else tx
+
+
+def freeze(tx: optax.GradientTransformation, frozen: Sequence[str]
+           ) -> optax.GradientTransformation:
+  """`tx` on the parameters outside the top-level keys `frozen`; zero updates for those."""
+  def trained(tree):
+    return None if tree is None else {k: v for k, v in tree.items() if k not in frozen}
+
+  def init_fn(params):
+    return tx.init(trained(params))
+
+  def update_fn(updates, state, params=None):
+    inner, state = tx.update(trained(updates), state, trained(params))
+    return {k: jax.tree.map(jnp.zeros_like, v) if k in frozen else inner[k]
+            for k, v in updates.items()}, state
+
+  return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _optimizer_chain(opt_config, schedule: optax.Schedule) -> optax.GradientTransformation:
   name = opt_config.name
   clip = ([optax.clip_by_global_norm(opt_config.clip_norm)]
           if opt_config.clip_norm > 0 else [])
@@ -159,7 +184,8 @@ def make_optimizer(opt_config, schedule: optax.Schedule) -> optax.GradientTransf
   return optax.chain(*clip, *core, optax.scale_by_learning_rate(schedule))
 
 
-def make_optimizer_with_runtime_peak(opt_config, unit_schedule: optax.Schedule
+def make_optimizer_with_runtime_peak(opt_config, unit_schedule: optax.Schedule,
+                                     frozen: Sequence[str] = ()
                                      ) -> optax.GradientTransformation:
   """make_optimizer whose peak learning rate is a value in the optimizer state.
 
@@ -167,10 +193,10 @@ def make_optimizer_with_runtime_peak(opt_config, unit_schedule: optax.Schedule
   (warmup, decay) is fixed, its peak (opt_state.hyperparams['learning_rate'],
   optax.inject_hyperparams) is data, so runs that differ only in the peak
   share one optimizer and one compiled step. The state starts with a peak of 1;
-  set_peak_learning_rate gives it the run's.
+  set_peak_learning_rate gives it the run's. `frozen` as make_optimizer's.
   """
   def make(learning_rate):
-    return make_optimizer(opt_config, lambda t: learning_rate * unit_schedule(t))
+    return make_optimizer(opt_config, lambda t: learning_rate * unit_schedule(t), frozen)
   return optax.inject_hyperparams(make)(learning_rate=1.0)
 
 

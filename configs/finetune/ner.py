@@ -5,6 +5,8 @@
 
 data_dir holds train.txt and valid.txt (BIO); with data_dir empty the splits come
 from TFDS `conll2003` (in tfds_data_dir). The dev score is seqeval's span F1.
+--config.document_context=true encodes each sentence with its document's
+neighbouring sentences as context (docs/features.md).
 """
 
 import os
@@ -20,5 +22,6 @@ def get_config() -> ml_collections.ConfigDict:
   config = glue.get_config()  # Batch 32, 3 epochs, 10% warmup, dropout 0.1.
   config.task = "conll2003"  # Token classification over the nine BIO tags.
   config.do_lower_case = False  # The paper's NER model is cased; init_from's recorded casing replaces it unless given as a flag.
-  config.max_seq_length = 128  # Sub-tokens per sentence with [CLS] and [SEP].
+  config.max_seq_length = 128  # Sub-tokens per row with [CLS] and [SEP].
+  config.document_context = False  # True: the sentence's document neighbours fill each row's spare room (the paper's maximal document context; data_dir files only).
   return config
