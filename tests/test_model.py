@@ -471,3 +471,10 @@ def test_tied_decoder_gradient_matches_autodiff(dtype, tol):
   for a, b, name in zip(fast, plain, ("x", "table", "bias")):
     assert a.dtype == b.dtype, name
     np.testing.assert_allclose(a, b, rtol=tol, atol=tol * np.abs(b).max(), err_msg=name)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 8, 15, 640])
+def test_sum_rows_is_the_column_sum(rows):
+  x = np.random.default_rng(rows).normal(size=(rows, 96)).astype(np.float32)
+  np.testing.assert_allclose(np.asarray(layers.sum_rows(jnp.asarray(x))),
+                             x.astype(np.float64).sum(0), rtol=1e-5, atol=1e-5)
