@@ -410,6 +410,26 @@ def test_dropout_keep_mask_rate_independence_and_fallback():
   assert dropout.Dropout(0.5).apply({}, x, True) is x
 
 
+def test_dropout_keep_mask_is_jax_threefry_in_one_pass():
+  """The written-out hash gives jax's threefry2x32 primitive's words, bit for
+  bit: the first half of the last axis from the first word of the counters'
+  hashes, the second half from the second; compiled without a loop."""
+  key = jax.random.key(7)
+  shape, rate = (3, 4, 6, 10), 0.3
+  k1, k2 = jax.random.key_data(key)
+  half = shape[:-1] + (shape[-1] // 2,)
+  flat = np.arange(np.prod(half[1:]), dtype=np.uint32).reshape(half[1:])
+  hi = np.broadcast_to(np.arange(shape[0], dtype=np.uint32).reshape(-1, 1, 1, 1), half)
+  lo = np.broadcast_to(flat, half)
+  words = jax.extend.random.threefry2x32_p.bind(k1, k2, jnp.asarray(hi), jnp.asarray(lo))
+  for ours, theirs in zip(dropout.threefry2x32(k1, k2, jnp.asarray(hi), jnp.asarray(lo)), words):
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
+  expected = np.concatenate([np.asarray(w) for w in words], -1) >= np.uint32(round(rate * 2**32))
+  np.testing.assert_array_equal(np.asarray(dropout.keep_mask(key, shape, rate)), expected)
+  compiled = jax.jit(lambda k: dropout.keep_mask(k, shape, rate)).lower(key).compile()
+  assert " while(" not in compiled.as_text()
+
+
 def _equations(jaxpr):
   """Every equation of a jaxpr, nested ones included."""
   for eqn in jaxpr.eqns:
@@ -451,3 +471,10 @@ def test_tied_decoder_gradient_matches_autodiff(dtype, tol):
   for a, b, name in zip(fast, plain, ("x", "table", "bias")):
     assert a.dtype == b.dtype, name
     np.testing.assert_allclose(a, b, rtol=tol, atol=tol * np.abs(b).max(), err_msg=name)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 8, 15, 640])
+def test_sum_rows_is_the_column_sum(rows):
+  x = np.random.default_rng(rows).normal(size=(rows, 96)).astype(np.float32)
+  np.testing.assert_allclose(np.asarray(layers.sum_rows(jnp.asarray(x))),
+                             x.astype(np.float64).sum(0), rtol=1e-5, atol=1e-5)
