@@ -135,6 +135,30 @@ def test_head_type_must_be_named_when_the_tree_is_ambiguous(pretrained, tmp_path
     assert json.load(f)["architectures"] == ["BertForTokenClassification"]
 
 
+def test_parameters_without_a_counterpart_are_refused_not_dropped(pretrained, tmp_path):
+  """A feature-based tagger's LSTMs have no Hugging Face or TF1 class: the export
+  stops naming them instead of writing the encoder alone."""
+  from bertjax.train import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from bertjax.train.state import TrainState  # pylint: disable=g-import-not-at-top
+  config = pretrained["config"]
+  params = {"bert": jax.tree.map(np.asarray, pretrained["params"]["bert"]),
+            "lstm_0": {"kernel": np.zeros((config.hidden_size, 8), np.float32)},
+            "tagger": {"kernel": np.zeros((16, 9), np.float32)}}
+  workdir = tmp_path / "features"
+  workdir.mkdir()
+  (workdir / "config.json").write_text(json.dumps({"init_from": pretrained["checkpoints"]}))
+  ckpt = ckpt_lib.Checkpointer(str(workdir / "checkpoints"), keep=1, async_save=False)
+  ckpt.save(TrainState(step=jnp.array(3), params=params, opt_state={"count": jnp.zeros(())},
+                       apply_fn=None, tx=None),
+            {"model": dataclasses.asdict(config),
+             "head": {"type": "token_classification", "labels": []}})
+  ckpt.close()
+  with pytest.raises(ValueError, match=r"its parameters \['lstm_0', 'tagger'\] have no "
+                                       r"Hugging Face or TF1 BERT counterpart"):
+    export.export(str(workdir / "checkpoints"), str(tmp_path / "out"))
+  assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("head_type,kind", [("sequence_classification", "classifier"),
                                             ("question_answering", "squad")])
 def test_tf1_task_export_is_what_run_classifier_and_run_squad_build_and_load(

@@ -34,6 +34,7 @@ import jax
 import numpy as np
 
 from bertjax.convert import heads
+from bertjax.convert import hf
 from bertjax.convert import run_vocab
 from bertjax.convert import weights
 from bertjax.model.config import BertConfig
@@ -76,6 +77,11 @@ def read_checkpoint(path: str, sharding=None) -> tuple[dict[str, Any], BertConfi
   return jax.tree.map(np.asarray, params), config, meta
 
 
+# Top-level parameters of the encoder and the pretraining heads, which every
+# export writes (task heads: heads.HEADS).
+EXPORTED_KEYS = frozenset({"bert", "mlm", "nsp"})
+
+
 def export(checkpoint: str, output: str, format: str = "safetensors",  # pylint: disable=redefined-builtin
            vocab_file: Optional[str] = None, do_lower_case: Optional[bool] = None,
            head: Optional[str] = None, labels: Optional[list[str]] = None) -> str:
@@ -85,6 +91,14 @@ def export(checkpoint: str, output: str, format: str = "safetensors",  # pylint:
   vocab = run_vocab.find_vocab(checkpoint, vocab_file, do_lower_case)
   params, config, meta = read_checkpoint(checkpoint)
   run_vocab.check_fits(vocab, config.vocab_size)
+  unexported = sorted(set(hf.unwrap(params)) - EXPORTED_KEYS - {
+      h.param for h in heads.HEADS.values()})
+  if unexported:
+    raise ValueError(
+        f"--checkpoint={checkpoint}: its parameters {unexported} have no Hugging Face or "
+        "TF1 BERT counterpart (a feature-based tagger's LSTMs and tagger, for one); "
+        "export the checkpoint its encoder came from (its run's init_from), or read "
+        "the encoder's layers with python -m bertjax.extract_features")
   saved_head = meta.get("head", {})
   head_type = (heads.infer_head(params, head or saved_head.get("type"))
                if heads.is_task_model(params) else None)
