@@ -182,3 +182,34 @@ def test_tf1_task_export_is_what_run_classifier_and_run_squad_build_and_load(
   ref = reference(params, config, head_type, ids, mask, segments)
   for name, value in result["outputs"].items():
     np.testing.assert_allclose(np.asarray(value), ref[name], atol=2e-5, err_msg=name)
+
+
+def test_a_causal_encoder_exports_only_the_heads_that_compute_the_same(pretrained, tmp_path):
+  # A left-to-right (objective ltr) encoder: the same weights under a causal mask.
+  causal = dict(pretrained, config=pretrained["config"].replace(causal=True))
+  # Its pooled output is each row's last real token; transformers' and the release's
+  # classification and multiple-choice models pool [CLS]: refused, nothing written.
+  for head_type in ("sequence_classification", "multiple_choice"):
+    checkpoints, _ = save_task_checkpoint(tmp_path, causal, head_type, {"type": head_type})
+    for fmt in ("safetensors", "tf1"):
+      out = tmp_path / f"{head_type}_{fmt}"
+      with pytest.raises(ValueError, match=rf"{heads.HEADS[head_type].architecture}: the "
+                                           r"checkpoint's encoder is causal.*pool \[CLS\]"):
+        export.export(str(checkpoints), str(out), fmt)
+      assert not out.exists()
+  # A token classifier reads every token: transformers' decoder (is_decoder) computes it.
+  checkpoints, params = save_task_checkpoint(tmp_path, causal, "token_classification",
+                                             {"type": "token_classification"})
+  export.export(checkpoints, str(tmp_path / "hf"), "flax")
+  model, loaded = load_flax(transformers.FlaxAutoModelForTokenClassification,
+                            str(tmp_path / "hf"))
+  assert model.config.is_decoder
+  ids, mask, segments = inputs(causal["config"].vocab_size, "token_classification")
+  got = model(ids, attention_mask=mask, token_type_ids=segments, params=loaded).logits
+  want = reference(params, causal["config"], "token_classification", ids, mask,
+                   segments)["logits"]
+  np.testing.assert_allclose(np.asarray(got)[mask > 0], np.asarray(want)[mask > 0], atol=1e-5)
+  # The release's modeling.py has no causal mask: no TF1 export of a causal model.
+  with pytest.raises(ValueError, match=r"--format=tf1: the model is causal"):
+    export.export(checkpoints, str(tmp_path / "tf1"), "tf1")
+  assert not (tmp_path / "tf1").exists()

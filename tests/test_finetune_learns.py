@@ -1,8 +1,11 @@
 """Fine-tuning learns: a tiny model from random initialisation separates a task
-whose label is a token's presence."""
+whose label is a token's presence, bidirectional or causal (left-to-right,
+whose pooled output is the last real token's)."""
 
 import os
 import sys
+
+import pytest
 
 from bertjax.tasks import loop
 
@@ -13,13 +16,14 @@ import finetune_data  # pylint: disable=g-import-not-at-top,wrong-import-positio
 import glue as glue_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
-def test_a_token_presence_task_reaches_high_dev_accuracy(tmp_path):
+@pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
+def test_a_token_presence_task_reaches_high_dev_accuracy(tmp_path, causal):
   config = glue_config.get_config()
   config.task = "sst2"
   config.data_dir = finetune_data.write_sst2_token_presence(str(tmp_path / "data"))
   config.vocab_file = finetune_data.write_vocab(str(tmp_path / "vocab.txt"))
   config.model.update(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
-                      max_position_embeddings=16, dtype="float32")
+                      max_position_embeddings=16, dtype="float32", causal=causal)
   config.max_seq_length = 16
   config.global_batch_size = 16
   config.eval_batch_size = 64

@@ -8,6 +8,7 @@ import os
 import re
 import sys
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -110,6 +111,32 @@ def test_causal_model_output_does_not_see_later_tokens():
   b = np.asarray(model.apply(params, *args(changed))[0])
   np.testing.assert_allclose(a[:, :5], b[:, :5], atol=1e-6)
   assert np.abs(a[0, 5:] - b[0, 5:]).max() > 1e-3
+
+
+def test_causal_pooled_output_reads_each_rows_last_real_token():
+  config = BertConfig(**TINY, causal=True)
+  batch = _batch()  # Rows of 16, 11 and 7 real tokens.
+  model = BertModel(config)
+  args = (batch["input_ids"], batch["input_mask"], batch["segment_ids"])
+  params = model.init(jax.random.key(0), *args)
+  seq, pooled = (np.asarray(x) for x in model.apply(params, *args))
+  pooler = jax.tree.map(np.asarray, nn.unbox(params["params"]["pooler"]))
+  pool = lambda h_BxD: np.tanh(h_BxD @ pooler["kernel"] + pooler["bias"])
+  np.testing.assert_allclose(pooled, pool(seq[np.arange(3), [15, 10, 6]]), atol=1e-5)
+  # Not [CLS]'s, which under the causal mask has seen only itself.
+  assert np.abs(pooled - pool(seq[:, 0])).max() > 1e-3
+  # A change at a row's last real token changes its pooled output; one in the
+  # padding past it does not.
+  changed = batch["input_ids"].copy()
+  changed[1, 10], changed[2, 9] = 6, 6
+  _, pooled_changed = model.apply(params, changed, *args[1:])
+  diff = np.abs(np.asarray(pooled_changed) - pooled).max(-1)
+  assert diff[0] == 0 and diff[1] > 1e-4 and diff[2] < 1e-6
+  # Packed rows (several examples per row) are refused by name.
+  packed = dict(packed_example_ids=batch["input_mask"], position_ids=np.zeros_like(args[0]),
+                cls_positions=np.zeros((3, 1), np.int32))
+  with pytest.raises(ValueError, match="model.causal: packed rows"):
+    model.apply(params, *args, **packed)
 
 
 def _state(config):

@@ -15,6 +15,12 @@ leaves it out there. The original release's run_classifier.py names the
 classifier `output_weights` [num_labels, H] / `output_bias`, and
 run_squad.py `cls/squad/output_weights` [2, H] / `cls/squad/output_bias`
 (tf1.py); its graphs keep the pooler.
+
+A causal (left-to-right) encoder's sequence-classification and multiple-
+choice models pool each row's last real token (bertjax/model/bert.py), but
+transformers' and the release's pool [CLS] always: their exports would
+compute other logits, so they are refused. Its token-classification and
+question-answering models read every token and export (is_decoder=True).
 """
 
 import dataclasses
@@ -75,6 +81,13 @@ def task_to_hf(params, config: BertConfig, head_type: str, *, keep_pooler: bool 
   release's TF1 graphs always have it).
   """
   head = HEADS[head_type]
+  if config.causal and head.pooler:
+    raise ValueError(
+        f"{head.architecture}: the checkpoint's encoder is causal (objective ltr), so its "
+        "pooled output is each row's last real token, but transformers' and the original "
+        f"release's {head.architecture} pool [CLS] (which under the causal mask sees only "
+        "itself): the export would compute other logits. Run this model with bertjax "
+        "(python -m bertjax.finetune --config.mode=predict)")
   tree = hf.unwrap(params)
   unexpected = sorted(set(tree) - {"bert", head.param})
   if unexpected:

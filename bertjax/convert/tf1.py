@@ -154,8 +154,14 @@ def save_tf1_checkpoint(params, config: BertConfig, out_dir: str,
 
   `hf_params` (HF Flax layout, e.g. a task model's with its head) replaces
   the conversion of `params`. Vocab rows past config.vocab_size (padding) are
-  not written; weights are stored as float32, as the release's are.
+  not written; weights are stored as float32, as the release's are. A causal
+  model is refused: the release's modeling.py has no causal mask.
   """
+  if config.causal:
+    raise ValueError("--format=tf1: the model is causal (objective ltr), and the original "
+                     "release's modeling.py has no causal mask, so its graphs would compute "
+                     "another model; export as safetensors or flax (transformers' "
+                     "is_decoder=True)")
   if hf_params is None:
     hf_params = hf.bertjax_to_hf(params, config)
   fileio.makedirs(out_dir)

@@ -14,6 +14,10 @@ Packed rows (several examples in one row, bertjax/input/packing.py) come
 with packed_example_ids (attention stays within an example), position_ids
 (restarting per example) and next_sentence_positions (each example's
 [CLS]); the pooler and the next-sentence head then run once per example.
+
+A causal model pools each row's last real token instead of [CLS]: under the
+causal mask [CLS] attends only to itself, and the last real token is the one
+position that has seen the whole input.
 """
 
 import flax.linen as nn
@@ -28,8 +32,19 @@ def attention_mask(input_mask_BxL):
   return input_mask_BxL > 0
 
 
+def last_real_position(input_mask_BxL):
+  """[B] int32: the last position of each row whose input_mask is 1 (0 for a row
+  with none)."""
+  positions_L = jnp.arange(input_mask_BxL.shape[1], dtype=jnp.int32)
+  return jnp.max(jnp.where(input_mask_BxL > 0, positions_L, 0), axis=1)
+
+
 class BertModel(nn.Module):
-  """Embeddings, encoder and pooler. Returns (sequence_output, pooled_output)."""
+  """Embeddings, encoder and pooler. Returns (sequence_output, pooled_output).
+
+  The pooler reads [CLS] (position 0), or with config.causal each row's last
+  real token (the last position where input_mask is 1).
+  """
   config: BertConfig
 
   def setup(self):
@@ -47,16 +62,22 @@ class BertModel(nn.Module):
     Packed rows: packed_example_ids and position_ids [B, L] and
     cls_positions [B, K], all three or none; the pooled output is then
     [B, K, D], one per example, and output_positions (if given) must start
-    with the K cls_positions.
+    with the K cls_positions. A causal model takes no packed rows.
     """
     packed = [a is not None for a in (packed_example_ids, position_ids, cls_positions)]
     if any(packed) and not all(packed):
       raise ValueError("packed rows need packed_example_ids, position_ids and "
                        "next_sentence_positions together")
+    if self.config.causal and cls_positions is not None:
+      raise ValueError("model.causal: packed rows are not supported (the pooler reads each "
+                       "row's last real token); set data.packing=False")
     mask = attention_mask(input_mask) if packed_example_ids is None else packed_example_ids
     x_BxLxD = self.embeddings(input_ids, segment_ids, deterministic, position_ids)
     x_BxLxD = self.encoder(x_BxLxD, mask, deterministic, output_positions)
-    if cls_positions is None:
+    if self.config.causal:
+      cls_BxD = jnp.take_along_axis(x_BxLxD, last_real_position(input_mask)[:, None, None],
+                                    axis=1)[:, 0]
+    elif cls_positions is None:
       cls_BxD = x_BxLxD[:, 0]
     elif output_positions is None:
       cls_BxD = jnp.take_along_axis(x_BxLxD, cls_positions[..., None].astype(jnp.int32), axis=1)

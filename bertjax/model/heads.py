@@ -8,7 +8,9 @@ weights drop in) and one dense head; kernels are [in, out]:
   BertForMultipleChoice          classifier [D, 1] on each choice's pooled output
   BertForQuestionAnswering       qa_outputs [D, 2] on every token (start, end)
 Dropout (the encoder's hidden_dropout_rate) precedes the classifiers; the
-question-answering head has none, as in the original run_squad. Logits are fp32:
+question-answering head has none, as in the original run_squad. The pooled
+output is BertModel's: the [CLS] token's, or each row's last real token's for a
+causal (left-to-right) encoder, whose [CLS] sees only itself. Logits are fp32:
 the final projection casts its input to fp32 and keeps an fp32 kernel and bias,
 whatever the encoder's compute and parameter dtypes.
 """
@@ -31,7 +33,7 @@ def _fp32_dense(config: BertConfig, features: int, axes, name: str):
 
 
 class BertForSequenceClassification(nn.Module):
-  """Logits [B, num_labels] from the pooled [CLS] output."""
+  """Logits [B, num_labels] from the pooled output ([CLS]; causal: the last real token)."""
   config: BertConfig
   num_labels: int
 

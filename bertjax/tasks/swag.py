@@ -1,4 +1,4 @@
-"""SWAG multiple choice: a context and four endings; one score per choice from its [CLS].
+"""SWAG multiple choice: a context and four endings; one score per choice from its pooled output.
 
 Files: train.csv and val.csv (the dev split) as the SWAG release has them,
 with columns sent1 (sentence A), sent2 (the start of sentence B),
