@@ -23,7 +23,10 @@ run_classifier.py (output_weights) / run_squad.py (cls/squad/...) names;
 past model.vocab_size (padding) are not exported. The vocab and
 its casing come from the run's data, or a fine-tuning run's record
 (run_vocab.py); --vocab_file and --do_lower_case replace them. Nothing is written when the vocab cannot be
-found or does not fit the model.
+found or does not fit the model. A causal (objective ltr) model exports to
+Hugging Face only (is_decoder=True), and never as a sequence-classification or
+multiple-choice model, which pools its last real token where those classes
+pool [CLS] (heads.py).
 """
 
 from typing import Any, Optional
@@ -49,7 +52,8 @@ _OUTPUT = flags.DEFINE_string("output", None, "Output model directory.", require
 _FORMAT = flags.DEFINE_enum(
     "format", "safetensors", FORMATS,
     "safetensors or flax: a Hugging Face model directory with those weights; tf1: the "
-    "original release's TF1 checkpoint directory.")
+    "original release's TF1 checkpoint directory (not for a causal model: the release "
+    "has no causal mask).")
 _HEAD = flags.DEFINE_enum(
     "head", None, list(heads.HEADS), "A fine-tuned checkpoint's task head; default: as "
     "its meta says (`head.type`), or the one its head's name fits (qa_outputs).")
