@@ -314,9 +314,9 @@ class ShardMapper:
     if c.objective != schema.DEFAULT_OBJECTIVE:
       ids, lengths = instance_batches.pad_rows([part[i] for i in order.tolist()],
                                                c.max_seq_length)
-      rows = instance_batches.mask_single_segment(
+      batch = instance_batches.mask_single_segment(
           ids, lengths, c.masked_lm_prob if c.objective == "mlm" else 0.0,
-          c.max_predictions_per_seq, self.vocab, rng.generator).rows()
+          c.max_predictions_per_seq, self.vocab, rng.generator)
     elif c.whole_word_mask:
       part = [part[i] for i in order.tolist()]
       frames, frame_lengths = self.encoder.frame_rows(
@@ -324,11 +324,12 @@ class ShardMapper:
             i.is_random_next) for i in part])
       return frames, frame_lengths, np.fromiter((len(i.input_ids) for i in part), np.int64,
                                                 len(part))
-    batch = instance_batches.mask_arrays(
-        *instance_batches.assemble_pairs(part, chunk.tokens, chunk.doc_starts,
-                                         c.max_seq_length, self.vocab),
-        c.masked_lm_prob, c.max_predictions_per_seq, self.vocab,
-        rng.generator).take(order)
+    else:
+      batch = instance_batches.mask_arrays(
+          *instance_batches.assemble_pairs(part, chunk.tokens, chunk.doc_starts,
+                                           c.max_seq_length, self.vocab),
+          c.masked_lm_prob, c.max_predictions_per_seq, self.vocab,
+          rng.generator).take(order)
     frames, frame_lengths = self.encoder.frame_batch(
         batch.input_ids_BxL, batch.lengths_B, batch.num_a_B, batch.masked_lm_positions_BxP,
         batch.masked_lm_ids_BxP, batch.num_predictions_B, batch.is_random_next_B)
