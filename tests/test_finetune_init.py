@@ -185,11 +185,15 @@ def test_sweep_ranks_a_nan_run_last(monkeypatch, tmp_path):
   task = registry.get_task("mrpc")
   monkeypatch.setattr(loop, "prepare", lambda config: loop.Prepared(
       task, None, None, None, []))
+  monkeypatch.setattr(loop.setup, "build_steps", lambda config, prepared: None)
   scores = {5e-5: math.nan, 4e-5: 0.5, 3e-5: 0.75, 2e-5: math.nan}
 
-  def fake_run(config, workdir, weights_loader, prepared):
-    del workdir, weights_loader, prepared
-    return {"dev": {"dev": {"f1": scores[config.optimizer.learning_rate]}}}
+  def fake_run(config, workdir, weights_loader, prepared, steps):
+    del workdir, weights_loader, prepared, steps
+    score = scores[config.optimizer.learning_rate]
+    dev = {"dev": {"f1": score}}
+    # A run whose every evaluation was NaN has no best.
+    return {"dev": dev, "best": None if math.isnan(score) else {"score": score, "dev": dev}}
   monkeypatch.setattr(loop, "finetune_and_evaluate", fake_run)
   summary = loop.sweep(glue_config.get_config(), str(tmp_path))
   assert summary["best"]["learning_rate"] == 3e-5 and summary["best"]["score"] == 0.75

@@ -184,7 +184,9 @@ def test_find_max_batch_brackets_the_answer_with_compiles(monkeypatch, fixed, pe
   from bertjax import benchmark  # pylint: disable=g-import-not-at-top
   compiled = []
 
-  def fake_compile(config, topology, phase_name, global_batch_size, vocab_size=6000):
+  def fake_compile(config, topology, phase_name, global_batch_size, vocab_size=6000,
+                   num_slices=1):
+    assert num_slices == 1
     assert vocab_size == 6000  # The search passes its vocab size on to every compile.
     per_device = global_batch_size // 8
     compiled.append(per_device)
@@ -200,7 +202,7 @@ def test_find_max_batch_brackets_the_answer_with_compiles(monkeypatch, fixed, pe
         analytic_flops=1.0, xla_view_flops=1.0, hbm_bytes=int(hbm * 2**30))
 
   monkeypatch.setattr(benchmark, "aot_compile", fake_compile)
-  monkeypatch.setattr(benchmark, "_num_devices", lambda topology: 8)
+  monkeypatch.setattr(benchmark, "_num_devices", lambda topology, num_slices=1: 8)
   config = lambda: __import__("ml_collections").ConfigDict(
       {"mesh": {"data": -1, "fsdp": 1, "tensor": 1}})
   try:
