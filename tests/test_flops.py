@@ -50,9 +50,10 @@ def test_analytic_flops_agree_with_xla_and_scan_is_counted_once():
   unrolled = _config(scan_layers=False)
   analytic = flops.train_flops_per_sequence(unrolled, SEQ, PRED) * BATCH
   counted = _compiled_step_flops(unrolled)
-  # XLA also counts softmax, LayerNorm, GELU, the loss and the optimizer:
-  # a few percent on top of the matmuls at this small width.
-  assert analytic < counted < 1.10 * analytic, (counted, analytic)
+  # XLA also counts softmax, LayerNorm, GELU, the loss, the optimizer and
+  # the dropout masks' Threefry rounds (elementwise integer operations): 14%
+  # on top of the matmuls at this small width.
+  assert analytic < counted < 1.20 * analytic, (counted, analytic)
   # Scanned, XLA counts the loop body once: the first two layers are the
   # loop (the last runs apart, at [CLS] and the masked positions), so one
   # whole layer goes missing.
