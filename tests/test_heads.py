@@ -149,8 +149,34 @@ def test_head_projection_is_fp32_in_a_bf16_model():
   assert scores.dtype == np.float32 and scores.shape == (64, 1)
   assert len(np.unique(scores)) == 64  # bf16 logits would collide.
   # The same projection in fp32 on the model's own (bf16) pooled features.
-  _, pooled = heads.BertModel(config).apply({"params": params["bert"]}, *inputs, True)
+  _, pooled = heads.BertModel(config).apply(
+      {"params": params["bert"]}, *inputs, True,
+      output_positions=heads.pooled_only_positions(config, 64))
   kernel, bias = params["classifier"]["kernel"], params["classifier"]["bias"]
   expected = np.asarray(pooled, np.float32) @ np.asarray(kernel, np.float32) + bias
   np.testing.assert_allclose(scores, expected, rtol=1e-6, atol=1e-6)
   assert params["classifier"]["kernel"].dtype == np.float32
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_pooled_heads_run_the_last_layer_at_cls_only(causal):
+  """Classification reads only the pooled output, so the last layer computes one
+  position of each row (fewer FLOPs than the whole model's sequence output);
+  a causal model, whose pooler reads the last real token, runs it everywhere."""
+  from bertjax.train import profiling  # pylint: disable=g-import-not-at-top
+  config = _config(False).replace(causal=causal)
+  model = heads.BertForSequenceClassification(config, num_labels=2)
+  inputs = _inputs((BATCH, LENGTH))
+  params = _random_params(model, inputs)
+  flops = lambda f: profiling.compiled_flops(jax.jit(f).lower().compile())
+  head = flops(lambda: model.apply({"params": params}, *inputs))
+  full = flops(lambda: heads.BertModel(config).apply({"params": params["bert"]}, *inputs))
+  if causal:
+    assert head > 0.95 * full, (head, full)
+  else:
+    assert head < 0.8 * full, (head, full)
+    _, pooled = heads.BertModel(config).apply({"params": params["bert"]}, *inputs)
+    _, at_cls = heads.BertModel(config).apply(
+        {"params": params["bert"]}, *inputs,
+        output_positions=heads.pooled_only_positions(config, BATCH))
+    np.testing.assert_allclose(at_cls, pooled, rtol=1e-5, atol=1e-6)

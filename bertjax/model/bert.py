@@ -57,7 +57,9 @@ class BertModel(nn.Module):
                output_positions=None, packed_example_ids=None, position_ids=None,
                cls_positions=None):
     """With output_positions [B, Q] (its first column 0, the [CLS] token) the
-    last layer runs only there and the sequence output is [B, Q, D].
+    last layer runs only there and the sequence output is [B, Q, D]; the
+    pooled output then reads its first row. A causal model takes no
+    output_positions (its attention refuses a subset of queries).
 
     Packed rows: packed_example_ids and position_ids [B, L] and
     cls_positions [B, K], all three or none; the pooled output is then
@@ -74,6 +76,9 @@ class BertModel(nn.Module):
     mask = attention_mask(input_mask) if packed_example_ids is None else packed_example_ids
     x_BxLxD = self.embeddings(input_ids, segment_ids, deterministic, position_ids)
     x_BxLxD = self.encoder(x_BxLxD, mask, deterministic, output_positions)
+    if self.config.causal and output_positions is not None:
+      raise ValueError("model.causal: the last layer runs at every position (no "
+                       "output_positions)")
     if self.config.causal:
       cls_BxD = jnp.take_along_axis(x_BxLxD, last_real_position(input_mask)[:, None, None],
                                     axis=1)[:, 0]

@@ -32,6 +32,17 @@ def _fp32_dense(config: BertConfig, features: int, axes, name: str):
   return dense(fp32, features, axes, name)
 
 
+def pooled_only_positions(config: BertConfig, rows: int):
+  """output_positions [rows, 1] that run the last layer at [CLS] only, for heads
+  that read nothing but the pooled output: that layer's queries, attention
+  output, feed-forward and LayerNorms then cost one position of L (keys and
+  values still come from every token). Without dropout the pooled output is
+  the full computation's; in training that layer draws its dropout masks for
+  the one position. None for a causal model, whose pooler reads the last real
+  token and whose attention takes every query."""
+  return None if config.causal else jnp.zeros((rows, 1), jnp.int32)
+
+
 class BertForSequenceClassification(nn.Module):
   """Logits [B, num_labels] from the pooled output ([CLS]; causal: the last real token)."""
   config: BertConfig
@@ -40,8 +51,9 @@ class BertForSequenceClassification(nn.Module):
   @nn.compact
   def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True):
     c = self.config
-    _, pooled_BxD = BertModel(c, name="bert")(input_ids, input_mask, segment_ids,
-                                              deterministic)
+    _, pooled_BxD = BertModel(c, name="bert")(
+        input_ids, input_mask, segment_ids, deterministic,
+        output_positions=pooled_only_positions(c, input_ids.shape[0]))
     pooled_BxD = Dropout(c.hidden_dropout_rate)(pooled_BxD, deterministic=deterministic)
     logits = _fp32_dense(c, self.num_labels, ("hidden", "classes"), "classifier")(pooled_BxD)
     return logits.astype(jnp.float32)
@@ -72,7 +84,8 @@ class BertForMultipleChoice(nn.Module):
     batch, choices, length = input_ids.shape
     flat = lambda x: x.reshape(batch * choices, length)
     _, pooled_BCxD = BertModel(c, name="bert")(
-        flat(input_ids), flat(input_mask), flat(segment_ids), deterministic)
+        flat(input_ids), flat(input_mask), flat(segment_ids), deterministic,
+        output_positions=pooled_only_positions(c, batch * choices))
     pooled_BCxD = Dropout(c.hidden_dropout_rate)(pooled_BCxD, deterministic=deterministic)
     scores_BCx1 = _fp32_dense(c, 1, ("hidden", "classes"), "classifier")(pooled_BCxD)
     return scores_BCx1.astype(jnp.float32).reshape(batch, choices)
