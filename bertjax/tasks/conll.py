@@ -21,7 +21,7 @@ import numpy as np
 
 from bertjax.records import fileio
 from bertjax.tasks import metrics
-from bertjax.tasks.split import Split, label_ids
+from bertjax.tasks.split import Split, label_ids, test_file
 
 LABELS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC")
 FILES = {"train": "train.txt", "dev": "valid.txt"}
@@ -151,13 +151,7 @@ def load_test(tokenizer, config) -> list[Split]:
   """config.predict_file, else data_dir/test.txt: words in the first column (tags,
   if any, are not read). Its Split's score(outputs, output_dir=) writes
   PREDICTIONS: "word tag" per line, a blank line after each sentence."""
-  path = config.predict_file or os.path.join(config.data_dir, "test.txt")
-  if not config.predict_file and not config.data_dir:
-    raise ValueError("--config.predict_file: give the CoNLL-format file to predict "
-                     "(or --config.data_dir holding test.txt)")
-  if not fileio.exists(path):
-    raise FileNotFoundError(f"{path}: no such file (--config.predict_file or "
-                            "--config.data_dir's test.txt)")
+  path = test_file(config, "test.txt", "CoNLL-format file")
   words, _, _, documents = read_sentences(path, labelled=False)
   no_tags = [np.zeros(len(w), np.int32) for w in words]
   arrays, first_positions = encode(

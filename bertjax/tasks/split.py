@@ -1,9 +1,12 @@
 """One split of a task's data, ready for the model, and how its predictions score."""
 
 import dataclasses
+import os
 from typing import Any, Callable
 
 import numpy as np
+
+from bertjax.records import fileio
 
 
 @dataclasses.dataclass
@@ -41,3 +44,16 @@ def label_ids(labels: list, known: tuple[str, ...], where: list[str], task: str)
                        f"{list(known)}")
     out[i] = index[label]
   return out
+
+
+def test_file(config, name: str, what: str) -> str:
+  """config.predict_file, else data_dir/`name`: the file a task's test set is read
+  from; an error naming the flags when neither is given or the file is missing."""
+  if not config.predict_file and not config.data_dir:
+    raise ValueError(f"--config.predict_file: give the {what} to predict "
+                     f"(or --config.data_dir holding {name})")
+  path = config.predict_file or os.path.join(config.data_dir, name)
+  if not fileio.exists(path):
+    raise FileNotFoundError(f"{path}: no such file (--config.predict_file or "
+                            f"--config.data_dir's {name})")
+  return path

@@ -15,7 +15,7 @@ import numpy as np
 from bertjax.records import fileio
 from bertjax.tasks import features
 from bertjax.tasks import metrics
-from bertjax.tasks.split import Split, label_ids
+from bertjax.tasks.split import Split, label_ids, test_file
 
 NUM_CHOICES = 4
 FILES = {"train": "train.csv", "dev": "val.csv"}
@@ -47,13 +47,7 @@ def load_test(tokenizer, config) -> list[Split]:
   Its Split's score(outputs, output_dir=) writes PREDICTIONS: "id,label" rows,
   id being the file's first, unnamed column (the SWAG release's row id) or
   else the row's number from 0, label the best choice (0 to 3)."""
-  path = config.predict_file or os.path.join(config.data_dir, "test.csv")
-  if not config.predict_file and not config.data_dir:
-    raise ValueError("--config.predict_file: give the SWAG csv to predict "
-                     "(or --config.data_dir holding test.csv)")
-  if not fileio.exists(path):
-    raise FileNotFoundError(f"{path}: no such file (--config.predict_file or "
-                            "--config.data_dir's test.csv)")
+  path = test_file(config, "test.csv", "SWAG csv")
   rows, _ = read_rows(path, COLUMNS[:-1])
   ids = [r[""] if r.get("") else str(i) for i, r in enumerate(rows)]
 
