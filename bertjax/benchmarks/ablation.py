@@ -3,7 +3,9 @@
   python -m bertjax.benchmarks.ablation --workdir=/tmp/ablation [--total_steps=4800]
 
 Pretrains the demo model (configs/tiny.py) three times for the same number of
-steps, changing only config.objective: mlm+nsp (BERT), mlm (No NSP: full
+steps, at the same time (recipes.pretrain_side_by_side: one process each, so
+that the machine's other load falls on all three alike), changing only
+config.objective: mlm+nsp (BERT), mlm (No NSP: full
 sentences, no NSP head) and ltr (LTR & No NSP: a causal left-to-right LM
 predicting every next token); every other setting is tiny.py's (static 15%
 masks for the two masked objectives, lengths 128 then 512). Each final
@@ -29,22 +31,41 @@ NAMES = {"mlm+nsp": "BERT-BASE (mlm+nsp)", "mlm": "No NSP (mlm)",
          "ltr": "LTR & No NSP (ltr)"}
 
 
+def _dirname(objective: str) -> str:
+  return objective.replace("+", "_")
+
+
+def _config(objective: str, total_steps: int):
+  config = recipes.paper_config(total_steps)
+  config.objective = objective
+  return config
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--workdir", required=True)
   parser.add_argument("--total_steps", type=int, default=4800)
   parser.add_argument("--eval_batches", type=int, default=40,
                       help=f"Held-out batches of {recipes.EVAL_BATCH} (0: all).")
+  parser.add_argument("--_pretrain", choices=[_dirname(o) for o in PAPER],
+                      help=argparse.SUPPRESS)
   args = parser.parse_args()
   root = os.path.abspath(args.workdir)
+  if args._pretrain:  # pylint: disable=protected-access
+    objective = {_dirname(o): o for o in PAPER}[args._pretrain]  # pylint: disable=protected-access
+    recipes.pretrain_child(args._pretrain, NAMES[objective],  # pylint: disable=protected-access
+                           _config(objective, args.total_steps), root, checkpoints=1)
+    return
   os.makedirs(root, exist_ok=True)
   pattern = recipes.eval_pattern(root)
+  recipes.prepare_data([_config(o, args.total_steps) for o in PAPER], root)
+  curves = recipes.pretrain_side_by_side(
+      "bertjax.benchmarks.ablation", [_dirname(o) for o in PAPER], root,
+      [f"--workdir={root}", f"--total_steps={args.total_steps}"])
   results = {}
   for objective in PAPER:
-    config = recipes.paper_config(args.total_steps)
-    config.objective = objective
-    name = objective.replace("+", "_")
-    curve = recipes.pretrain(NAMES[objective], config, os.path.join(root, name), checkpoints=1)
+    name = _dirname(objective)
+    curve = curves[name]
     final = os.path.join(curve.workdir, "checkpoints", str(curve.steps[-1]))
     results[objective] = {
         "wall_seconds": curve.seconds[-1],

@@ -15,6 +15,7 @@ positions for every recipe), and fine-tuned on the demo's downstream task
 import dataclasses
 import json
 import os
+import subprocess
 import sys
 import time
 from typing import Any, Optional
@@ -51,10 +52,13 @@ def paper_config(total_steps: int):
 
 def scaled_to_demo(config, total_steps: int):
   """`config` (a recipe for BERT-BASE built on configs/base.py) at the demo's
-  scale: tiny.py's model, data, batch sizes, learning rate, step count,
-  checkpoints and logging; everything else (objective, masking, phases
-  kept or dropped, optimizer shape, schedule shape) the recipe's own."""
+  scale: tiny.py's model, data, batch sizes, step count, checkpoints and
+  logging; a peak learning rate in the same ratio to tiny.py's as the
+  recipe's to configs/base.py's (the paper's 1e-4); everything else
+  (objective, masking, phases kept or dropped, optimizer shape, schedule
+  shape) the recipe's own."""
   tiny = paper_config(total_steps)
+  paper_lr = config_module("base").get_config().optimizer.learning_rate
   config.total_steps = total_steps
   config.model = tiny.model
   config.data.demo_dir = tiny.data.demo_dir
@@ -62,7 +66,8 @@ def scaled_to_demo(config, total_steps: int):
     phase.global_batch_size = tiny.phases[name].global_batch_size
     if len(config.phases) == 1:
       phase.fraction = 1.0
-  config.optimizer.learning_rate = tiny.optimizer.learning_rate
+  config.optimizer.learning_rate = (tiny.optimizer.learning_rate
+                                    * config.optimizer.learning_rate / paper_lr)
   config.checkpoint = tiny.checkpoint
   config.logging = tiny.logging
   return config
@@ -97,6 +102,60 @@ def pretrain(name: str, config, workdir: str, *, checkpoints: int) -> Curve:
   steps = sorted(int(d) for d in os.listdir(ckpt_dir) if d.isdigit())
   seconds = [os.path.getmtime(os.path.join(ckpt_dir, str(s))) - start for s in steps]
   return Curve(name, workdir, steps, seconds)
+
+
+def cpu_shares(n: int) -> list[Optional[list[int]]]:
+  """The CPUs this process may use, dealt into `n` disjoint shares (None each
+  when there are fewer CPUs than shares: then nothing is pinned)."""
+  cpus = sorted(os.sched_getaffinity(0))
+  if len(cpus) < n:
+    return [None] * n
+  return [cpus[i::n] for i in range(n)]
+
+
+def pretrain_side_by_side(module: str, names: list[str], root: str, argv: list[str]
+                          ) -> dict[str, Curve]:
+  """Pretrains every recipe in `names` at the same time, each in its own
+  process (`python -m module --_pretrain=NAME ARGV...`) pinned to its own
+  share of the CPUs, so that whatever else loads the machine falls on every
+  recipe alike; returns each recipe's Curve (read from root/NAME/curve.json).
+
+  The child process builds its recipe's config from its name and calls
+  `pretrain_child`. The demo data must exist before (prepare_data).
+  """
+  procs = {}
+  for name, cpus in zip(names, cpu_shares(len(names))):
+    os.makedirs(os.path.join(root, name), exist_ok=True)
+    log = open(os.path.join(root, name, "pretrain.log"), "w", encoding="utf-8")  # pylint: disable=consider-using-with
+    command = [sys.executable, "-m", module, f"--_pretrain={name}"] + argv
+    if cpus is not None:
+      command = ["taskset", "-c", ",".join(map(str, cpus))] + command
+    procs[name] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), log)  # pylint: disable=consider-using-with
+  failed = []
+  for name, (proc, log) in procs.items():
+    if proc.wait() != 0:
+      failed.append(f"{name} (exit {proc.returncode}; see {log.name})")
+    log.close()
+  if failed:
+    raise SystemExit("pretraining failed: " + ", ".join(failed))
+  curves = {}
+  for name in names:
+    with open(os.path.join(root, name, "curve.json"), encoding="utf-8") as f:
+      curves[name] = Curve(**json.load(f))
+  return curves
+
+
+def pretrain_child(name: str, label: str, config, root: str, *, checkpoints: int) -> None:
+  """The child side of pretrain_side_by_side: runs one recipe, writes its curve."""
+  curve = pretrain(label, config, os.path.join(root, name), checkpoints=checkpoints)
+  write_json(os.path.join(root, name, "curve.json"), curve)
+
+
+def prepare_data(configs, root: str) -> None:
+  """Builds the demo data every config reads (root/demo_data), before any clock starts."""
+  for config in configs:
+    config.data.demo_dir = os.path.join(root, "demo_data")
+    demo.prepare_config(config.copy_and_resolve_references(), root)
 
 
 def eval_pattern(root: str) -> str:
