@@ -15,7 +15,7 @@ non-ASCII character do not come here (tokenization.WordPieceTokenizer).
 The cache starts over when a batch's new words would take it past
 `max_words` (a single batch's own words are always kept while it is
 encoded), so memory stays bounded on any corpus: about 165 bytes a word,
-some 90 MB per process at the default of 2**19 words.
+some 22 MB per process at the default of 2**17 words.
 """
 
 from typing import Callable, Sequence
@@ -51,7 +51,7 @@ class AsciiWords:
   """Ids of ASCII texts, with each distinct word tokenized once."""
 
   def __init__(self, encode_words: Callable[[list[str]], list[list[int]]],
-               do_lower_case: bool, max_words: int = 1 << 19):
+               do_lower_case: bool, max_words: int = 1 << 17):
     self._encode_words = encode_words
     self._to_byte, self._copies = _byte_tables(do_lower_case)
     self.max_words = max_words
