@@ -161,6 +161,14 @@ def test_wordpiece_matches_the_original_release_id_for_id(oracle, lower):
   got = ours.encode_batch(texts)
   assert not _mismatches(ours, texts, got, want)[:3]
   assert [ours.encode(t) for t in texts[:50]] == got[:50]
+  # The character classes cover the characters seen so far, growing as new
+  # ones come: texts one at a time through a fresh tokenizer, and the
+  # pipeline whose classes cover all of Unicode, give the same ids.
+  fresh = tokenization.load_tokenizer("wordpiece", oracle["path"], lower)
+  assert [fresh.encode(t) for t in texts[:300]] == got[:300]
+  whole = fresh._tokenizer  # pylint: disable=protected-access
+  assert [e.ids for e in whole.encode_batch(
+      fresh.basic.prepare_batch(texts), add_special_tokens=False)] == got
   # The set is adversarial: tokenizers' ready-made BERT pipeline (its
   # normaliser, pre-tokenizer and 100-character limit) gets many wrong.
   ready = tokenizers.Tokenizer(tokenizers.models.WordPiece(

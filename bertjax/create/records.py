@@ -18,6 +18,7 @@ import os
 import struct
 from typing import Iterable, Sequence
 
+import google_crc32c
 import numpy as np
 
 from bertjax.records import fileio
@@ -164,8 +165,9 @@ class ExampleEncoder:
     frame_n = data_n + tfrecord.FRAME_OVERHEAD
     data_start = starts + tfrecord.HEADER_BYTES
     data = out.tobytes()
-    crcs = np.fromiter((tfrecord.masked_crc32c(data[s:s + m]) for s, m in
-                        zip(data_start.tolist(), data_n.tolist())), np.uint32, B)
+    crcs = tfrecord.mask_crc32c(np.fromiter(
+        (google_crc32c.value(data[s:s + m]) for s, m in
+         zip(data_start.tolist(), data_n.tolist())), np.uint32, B))
     out[ragged_ranges(data_start + data_n, np.full(B, tfrecord.FOOTER_BYTES))] = (
         crcs.astype("<u4").view(np.uint8))
     return out.tobytes(), frame_n
@@ -241,8 +243,8 @@ def _concat_rows(parts) -> tuple[np.ndarray, np.ndarray]:
   counts_BxS = np.stack([p[2] for p in parts], axis=1).ravel()
   ends = np.cumsum(counts_BxS)
   starts = ends - counts_BxS
-  index = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64)
-  index += np.repeat(src_BxS - starts, counts_BxS)
+  index = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int32)
+  index += np.repeat((src_BxS - starts).astype(np.int32), counts_BxS)
   return np.concatenate(sources)[index], starts[::len(parts)]
 
 

@@ -6,10 +6,11 @@ whitespace, and make every punctuation character (every printable
 non-alphanumeric, ASCII's 33-47, 58-64, 91-96 and 123-126) a word of its
 own. WordPiece then maps each word to its pieces on its own. So `AsciiWords`
 does the basic step on a whole batch of texts at once in numpy, and sends
-only the words it has not seen before through the compiled tokenizer;
-every other word is a dictionary lookup. The compiled tokenizer stays the
+only the words it has not seen before through the compiled WordPiece
+(`tokenizers`; its basic steps have nothing left to do on such words);
+every other word is a dictionary lookup. The compiled WordPiece stays the
 reference for every word (the unknown-word rule and the word length limit
-included), so the ids are the compiled tokenizer's ids. Texts with any
+included), so the ids are its ids. Texts with any
 non-ASCII character do not come here (tokenization.WordPieceTokenizer).
 
 The cache starts over when a batch's new words would take it past

@@ -104,10 +104,13 @@ def _merge(ranges) -> Ranges:
   return tuple(out)
 
 
-def _without(ranges: Ranges, code_points) -> Ranges:
+def _without(ranges: Ranges, code_points: range | frozenset[int]) -> Ranges:
   out = []
   for a, b in ranges:
-    cuts = sorted(cp for cp in code_points if a <= cp <= b)
+    if isinstance(code_points, range):  # The cuts of a run, not all of it.
+      cuts = range(max(a, code_points.start), min(b + 1, code_points.stop))
+    else:
+      cuts = sorted(cp for cp in code_points if a <= cp <= b)
     for cp in cuts:
       if a < cp:
         out.append((a, cp - 1))

@@ -14,7 +14,10 @@ greedy longest-match-first WordPiece with "##" continuations and [UNK] for
 words of more than 200 characters or with no matching pieces. It runs in
 Hugging Face `tokenizers` (Rust, batched). ASCII texts, most of an English
 corpus, are split into words in numpy and each distinct word goes through
-`tokenizers` once (ascii_words.py). `compat="hf"` gives
+`tokenizers`' WordPiece once (ascii_words.py). The other texts take the
+whole compiled pipeline, whose character classes cover the characters seen
+so far (basic_tokenizer.py), so a tokenizer starts in a few hundredths of a
+second instead of classifying all of Unicode first. `compat="hf"` gives
 `transformers.BertTokenizer`'s variant instead (basic_tokenizer.py says how
 it differs; words of more than 100 characters become [UNK]).
 Special-token literals in text are not kept whole, as in the original:
@@ -195,11 +198,17 @@ class WordPieceTokenizer(Tokenizer):
     return _ids(self._scoped[1], texts)
 
   def _know(self, chars: frozenset[str]) -> None:
-    known = self._scoped[0].chars if self._scoped else frozenset()
-    if not chars <= known:
-      basic = basic_tokenizer.BasicTokenizer(
-          self.do_lower_case, self.compat, known | chars)
+    if self._scoped is None:
+      basic = basic_tokenizer.BasicTokenizer(self.do_lower_case, self.compat,
+                                             chars)
       self._scoped = (basic, compiled_wordpiece(basic, self.vocab))
+    elif not chars <= self._scoped[0].chars:
+      basic = basic_tokenizer.BasicTokenizer(
+          self.do_lower_case, self.compat, self._scoped[0].chars | chars)
+      pipeline = self._scoped[1]  # The same WordPiece, new classes.
+      pipeline.normalizer = basic.normalizer
+      pipeline.pre_tokenizer = basic.pre_tokenizer
+      self._scoped = (basic, pipeline)
 
   def _encode_words(self, words: Sequence[str]) -> list[list[int]]:
     """Ids of ASCII words made by ascii_words (on all cores)."""
