@@ -217,6 +217,20 @@ def test_ascii_word_path_matches_the_original_release(oracle, lower):
   assert ids.dtype == np.int32
 
 
+def test_encode_flat_a_batch_at_a_time_gives_the_same_ids(oracle, monkeypatch):
+  ours = oracle[True]["ours"]
+  texts = [t for pair in zip(oracle["texts"]["ascii"][:300],
+                             oracle["texts"]["adversarial"][:300]) for t in pair]
+  want_ids, want_lengths = ours.encode_flat(texts)
+  monkeypatch.setattr(tokenization, "_BATCH_CHARS", 500)
+  assert len(list(tokenization._batches(texts))) > 10  # pylint: disable=protected-access
+  ids, lengths = ours.encode_flat(texts)
+  np.testing.assert_array_equal(ids, want_ids)
+  np.testing.assert_array_equal(lengths, want_lengths)
+  assert lengths.sum() > 5000
+  assert [len(x) for x in ours.encode_flat([])] == [0, 0]
+
+
 @pytest.mark.parametrize("lower", [True, False], ids=["uncased", "cased"])
 def test_hf_variant_matches_transformers_bert_tokenizer(oracle, lower):
   path = oracle["path"]
