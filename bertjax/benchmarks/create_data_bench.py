@@ -29,8 +29,9 @@ alternating runs; with --baseline DIR, also `python -m bertjax.create_data`
 from the checkout at DIR (e.g. an older commit) in each pair; with
 --also_workers N,..., also bertjax with N worker processes. Per run: wall
 seconds, CPU seconds (user + system of the process and its workers) and the
-peak resident memory summed over the process and its workers (sampled from
-/proc every 20 ms); then medians and ranges, and ratios to the original's run
+peak resident memory of each of the process and its workers, summed (each
+process's high-water mark, VmHWM, read from /proc every 20 ms, so no short
+peak is missed; the sum is at least the peak of the total); then medians and ranges, and ratios to the original's run
 of the same pair.
 
 --sizes_mb SIZES repeats the runs on the first SIZES megabytes of one
@@ -101,8 +102,9 @@ def run_bertjax(corpus, vocab, config, out, workers):
 
 # --- Whole processes. -------------------------------------------------------
 
-def _tree_rss_mib(pid: int) -> float:
-  """Resident memory of `pid` and all its descendants, in MiB (Linux /proc)."""
+def _tree_hwm_kib(pid: int, hwm: dict[int, int]) -> None:
+  """Updates hwm[p], the peak resident memory (VmHWM, KiB) of `pid` and of
+  each of its descendants (Linux /proc)."""
   children = {}
   for entry in os.listdir("/proc"):
     if entry.isdigit():
@@ -112,16 +114,16 @@ def _tree_rss_mib(pid: int) -> float:
       except (OSError, IndexError, ValueError):
         continue
       children.setdefault(parent, []).append(int(entry))
-  total, todo = 0, [pid]
+  todo = [pid]
   while todo:
     p = todo.pop()
     todo.extend(children.get(p, ()))
     try:
       with open(f"/proc/{p}/status") as f:
-        total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+        kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+      hwm[p] = max(hwm.get(p, 0), kib)
     except (OSError, StopIteration):
       pass
-  return total / 1024
 
 
 def run_process(argv, env=None) -> dict:
@@ -129,13 +131,14 @@ def run_process(argv, env=None) -> dict:
   with tempfile.TemporaryFile() as err:
     start = time.time()
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err)  # pylint: disable=consider-using-with
-    peak = 0.0
+    hwm = {}
     while True:
       pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
       if pid:
         break
-      peak = max(peak, _tree_rss_mib(proc.pid))
+      _tree_hwm_kib(proc.pid, hwm)
       time.sleep(0.02)
+    peak = sum(hwm.values()) / 1024
     seconds = time.time() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
