@@ -156,20 +156,23 @@ def whole_process(args, tmp, corpus, vocab):
             f"--dupe_factor={args.dupe_factor}", "--random_seed=12345",
             f"--vocab_file={vocab}", f"--input_file={corpus}", "--do_lower_case=True"]
   out = os.path.join(tmp, "out")
-  sides = [("original", [sys.executable, "-m", "bert.create_pretraining_data", *common,
-                         f"--output_file={out}.tfrecord", "--masked_lm_prob=0.15",
-                         "--short_seq_prob=0.1"], None)]
-  bertjax_argv = [sys.executable, "-m", "bertjax.create_data", *common,
-                  f"--output_dir={out}", f"--num_workers={args.workers}", "--no_progress"]
-  if args.skip_reference:
-    sides = []
+
+  def bertjax_argv(workers):
+    return [sys.executable, "-m", "bertjax.create_data", *common,
+            f"--output_dir={out}", f"--num_workers={workers}", "--no_progress"]
+
+  sides = []
+  if not args.skip_reference:
+    sides.append(("original", [sys.executable, "-m", "bert.create_pretraining_data", *common,
+                               f"--output_file={out}.tfrecord", "--masked_lm_prob=0.15",
+                               "--short_seq_prob=0.1"], None))
   here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   if args.baseline:
-    sides.append(("baseline", bertjax_argv, dict(os.environ, PYTHONPATH=args.baseline)))
-  sides.append(("bertjax", bertjax_argv, dict(os.environ, PYTHONPATH=here)))
+    sides.append(("baseline", bertjax_argv(args.workers),
+                  dict(os.environ, PYTHONPATH=args.baseline)))
+  sides.append(("bertjax", bertjax_argv(args.workers), dict(os.environ, PYTHONPATH=here)))
   for w in [int(x) for x in args.also_workers.split(",") if x]:
-    sides.append((f"bertjax {w}w", [*bertjax_argv[:-2], f"--num_workers={w}", "--no_progress"],
-                  dict(os.environ, PYTHONPATH=here)))
+    sides.append((f"bertjax {w}w", bertjax_argv(w), dict(os.environ, PYTHONPATH=here)))
   results = {name: [] for name, _, _ in sides}
   for r in range(args.repeat):
     for name, argv, env in sides:
@@ -372,7 +375,7 @@ def main():
       peak_rss(args, tmp, [float(x) for x in args.peak_rss.split(",")])
       return
     sizes = [float(x) for x in args.sizes_mb.split(",")] if args.sizes_mb else []
-    corpus, vocab = corpus_and_vocab(args, tmp, max([args.mb, *sizes]))
+    corpus, vocab = corpus_and_vocab(args, tmp, max(sizes) if sizes else args.mb)
     corpora = corpus_prefixes(tmp, corpus, sizes) if sizes else [corpus]
     for corpus in corpora:
       print(f"corpus {os.path.getsize(corpus) / 1e6:.1f} MB (installed "
