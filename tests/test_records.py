@@ -60,6 +60,17 @@ def test_encoder_bytes_equal_tensorflow_and_parse_identically(
       np.testing.assert_array_equal(decoded[name], np.asarray(values))
 
 
+def test_encoder_gives_the_same_frames_a_few_rows_at_a_time(monkeypatch):
+  enc = records.ExampleEncoder(128, 20)
+  instances = _random_instances(1, 50, 128, 20, 30522)
+  frames, lengths = enc.frame_rows(instances)
+  monkeypatch.setattr(records, "_ROWS_AT_ONCE", 7)
+  for count in (49, 50):  # 7 groups of 7; 8 groups, the last of one row.
+    got, got_lengths = enc.frame_rows(instances[:count])
+    assert got == frames[:int(lengths[:count].sum())]
+    np.testing.assert_array_equal(got_lengths, lengths[:count])
+
+
 def test_encoder_rejects_oversized_instances():
   enc = records.ExampleEncoder(8, 2)
   with pytest.raises(ValueError, match="max_seq_length=8"):

@@ -161,6 +161,14 @@ def test_wordpiece_matches_the_original_release_id_for_id(oracle, lower):
   got = ours.encode_batch(texts)
   assert not _mismatches(ours, texts, got, want)[:3]
   assert [ours.encode(t) for t in texts[:50]] == got[:50]
+  # The character classes cover the characters seen so far, growing as new
+  # ones come: texts one at a time through a fresh tokenizer, and the
+  # pipeline whose classes cover all of Unicode, give the same ids.
+  fresh = tokenization.load_tokenizer("wordpiece", oracle["path"], lower)
+  assert [fresh.encode(t) for t in texts[:300]] == got[:300]
+  whole = fresh._tokenizer  # pylint: disable=protected-access
+  assert [e.ids for e in whole.encode_batch(
+      fresh.basic.prepare_batch(texts), add_special_tokens=False)] == got
   # The set is adversarial: tokenizers' ready-made BERT pipeline (its
   # normaliser, pre-tokenizer and 100-character limit) gets many wrong.
   ready = tokenizers.Tokenizer(tokenizers.models.WordPiece(
@@ -207,6 +215,20 @@ def test_ascii_word_path_matches_the_original_release(oracle, lower):
   assert lengths.tolist() == [len(x) for x in want]
   assert ids.tolist() == [i for x in want for i in x]
   assert ids.dtype == np.int32
+
+
+def test_encode_flat_a_batch_at_a_time_gives_the_same_ids(oracle, monkeypatch):
+  ours = oracle[True]["ours"]
+  texts = [t for pair in zip(oracle["texts"]["ascii"][:300],
+                             oracle["texts"]["adversarial"][:300]) for t in pair]
+  want_ids, want_lengths = ours.encode_flat(texts)
+  monkeypatch.setattr(tokenization, "_BATCH_CHARS", 500)
+  assert len(list(tokenization._batches(texts))) > 10  # pylint: disable=protected-access
+  ids, lengths = ours.encode_flat(texts)
+  np.testing.assert_array_equal(ids, want_ids)
+  np.testing.assert_array_equal(lengths, want_lengths)
+  assert lengths.sum() > 5000
+  assert [len(x) for x in ours.encode_flat([])] == [0, 0]
 
 
 @pytest.mark.parametrize("lower", [True, False], ids=["uncased", "cased"])

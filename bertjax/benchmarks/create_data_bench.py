@@ -5,6 +5,8 @@
       [--dupe_factor 10] [--max_seq_length 128] [--workers 2]
   python -m bertjax.benchmarks.create_data_bench --peak_rss 2,20
   python -m bertjax.benchmarks.create_data_bench --whole_process [--baseline DIR]
+      [--sizes_mb 10,20,40] [--skip_reference]
+      [--corpus_file CORPUS --vocab_file VOCAB]
 
 The corpus is text no part of which is repeated: docstrings of the installed
 packages (corpus.py), `--mb` megabytes of it, one sentence per line, with a
@@ -24,11 +26,19 @@ instances/s and of its ratio to the original's run of the same pair.
 and imports included: the original's `python -m bert.create_pretraining_data`
 and `python -m bertjax.create_data` (with --workers processes), in paired,
 alternating runs; with --baseline DIR, also `python -m bertjax.create_data`
-from the checkout at DIR (e.g. an older commit) in each pair. Per run: wall
+from the checkout at DIR (e.g. an older commit) in each pair; with
+--also_workers N,..., also bertjax with N worker processes. Per run: wall
 seconds, CPU seconds (user + system of the process and its workers) and the
-peak resident memory summed over the process and its workers (sampled from
-/proc every 20 ms); then medians and ranges, and ratios to the original's run
+peak resident memory of each of the process and its workers, summed (each
+process's high-water mark, VmHWM, read from /proc every 20 ms, so no short
+peak is missed; the sum is at least the peak of the total); then medians and ranges, and ratios to the original's run
 of the same pair.
+
+--sizes_mb SIZES repeats the runs on the first SIZES megabytes of one
+corpus (its vocab built on the largest), to show how time and memory grow
+with the corpus; --skip_reference leaves the original out. --corpus_file and
+--vocab_file use a corpus and vocab written before (e.g. by corpus.py and
+bertjax.text.vocab) instead of building them, which takes minutes.
 
 --peak_rss SIZES runs bertjax (one process, one output shard, so the shard
 grows with the corpus) on corpora of the given sizes in megabytes, each in a
@@ -92,8 +102,9 @@ def run_bertjax(corpus, vocab, config, out, workers):
 
 # --- Whole processes. -------------------------------------------------------
 
-def _tree_rss_mib(pid: int) -> float:
-  """Resident memory of `pid` and all its descendants, in MiB (Linux /proc)."""
+def _tree_hwm_kib(pid: int, hwm: dict[int, int]) -> None:
+  """Updates hwm[p], the peak resident memory (VmHWM, KiB) of `pid` and of
+  each of its descendants (Linux /proc)."""
   children = {}
   for entry in os.listdir("/proc"):
     if entry.isdigit():
@@ -103,16 +114,16 @@ def _tree_rss_mib(pid: int) -> float:
       except (OSError, IndexError, ValueError):
         continue
       children.setdefault(parent, []).append(int(entry))
-  total, todo = 0, [pid]
+  todo = [pid]
   while todo:
     p = todo.pop()
     todo.extend(children.get(p, ()))
     try:
       with open(f"/proc/{p}/status") as f:
-        total += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+        kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+      hwm[p] = max(hwm.get(p, 0), kib)
     except (OSError, StopIteration):
       pass
-  return total / 1024
 
 
 def run_process(argv, env=None) -> dict:
@@ -120,13 +131,14 @@ def run_process(argv, env=None) -> dict:
   with tempfile.TemporaryFile() as err:
     start = time.time()
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err)  # pylint: disable=consider-using-with
-    peak = 0.0
+    hwm = {}
     while True:
       pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
       if pid:
         break
-      peak = max(peak, _tree_rss_mib(proc.pid))
+      _tree_hwm_kib(proc.pid, hwm)
       time.sleep(0.02)
+    peak = sum(hwm.values()) / 1024
     seconds = time.time() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
@@ -144,30 +156,39 @@ def whole_process(args, tmp, corpus, vocab):
             f"--dupe_factor={args.dupe_factor}", "--random_seed=12345",
             f"--vocab_file={vocab}", f"--input_file={corpus}", "--do_lower_case=True"]
   out = os.path.join(tmp, "out")
-  sides = [("original", [sys.executable, "-m", "bert.create_pretraining_data", *common,
-                         f"--output_file={out}.tfrecord", "--masked_lm_prob=0.15",
-                         "--short_seq_prob=0.1"], None)]
-  bertjax_argv = [sys.executable, "-m", "bertjax.create_data", *common,
-                  f"--output_dir={out}", f"--num_workers={args.workers}", "--no_progress"]
+
+  def bertjax_argv(workers):
+    return [sys.executable, "-m", "bertjax.create_data", *common,
+            f"--output_dir={out}", f"--num_workers={workers}", "--no_progress"]
+
+  sides = []
+  if not args.skip_reference:
+    sides.append(("original", [sys.executable, "-m", "bert.create_pretraining_data", *common,
+                               f"--output_file={out}.tfrecord", "--masked_lm_prob=0.15",
+                               "--short_seq_prob=0.1"], None))
   here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   if args.baseline:
-    sides.append(("baseline", bertjax_argv, dict(os.environ, PYTHONPATH=args.baseline)))
-  sides.append(("bertjax", bertjax_argv, dict(os.environ, PYTHONPATH=here)))
+    sides.append(("baseline", bertjax_argv(args.workers),
+                  dict(os.environ, PYTHONPATH=args.baseline)))
+  sides.append(("bertjax", bertjax_argv(args.workers), dict(os.environ, PYTHONPATH=here)))
+  for w in [int(x) for x in args.also_workers.split(",") if x]:
+    sides.append((f"bertjax {w}w", bertjax_argv(w), dict(os.environ, PYTHONPATH=here)))
   results = {name: [] for name, _, _ in sides}
   for r in range(args.repeat):
     for name, argv, env in sides:
       shutil.rmtree(out, ignore_errors=True)
       got = run_process(argv, env)
       results[name].append(got)
-      print(f"pair {r}: {name:<9} {got['wall']:7.1f} s wall {got['cpu']:7.1f} s CPU "
-            f"{got['peak_mib']:7,.0f} MiB peak", flush=True)
-  ref = results["original"]
+      print(f"pair {r}: {name:<11} {got['wall']:7.1f} s wall {got['cpu']:7.1f} s CPU "
+            f"{got['peak_mib']:7,.0f} MiB peak (load average {os.getloadavg()[0]:.1f})",
+            flush=True)
+  ref = results.get("original")
   for name, _, _ in sides:
     for field, unit in (("wall", "s"), ("cpu", "s CPU"), ("peak_mib", "MiB peak")):
       values = [x[field] for x in results[name]]
-      line = (f"{name:<9} {field:<8} median {statistics.median(values):8,.1f} {unit} "
+      line = (f"{name:<11} {field:<8} median {statistics.median(values):8,.1f} {unit} "
               f"(range {min(values):,.1f}-{max(values):,.1f})")
-      if name != "original":
+      if ref and name != "original":
         ratios = [o[field] / x[field] for o, x in zip(ref, results[name])]
         line += (f"; original / {name}: median {statistics.median(ratios):.1f}x "
                  f"(range {min(ratios):.1f}-{max(ratios):.1f})")
@@ -185,6 +206,16 @@ def build_corpus(directory, mb, vocab_size):
   vocab_lib.build_wordpiece_vocab([path], vocab, vocab_size=vocab_size,
                                   do_lower_case=True)
   return path, vocab
+
+
+def corpus_and_vocab(args, tmp, mb):
+  """--corpus_file and --vocab_file if given, else a corpus of `mb` MB and a
+  vocab built on it."""
+  if args.corpus_file or args.vocab_file:
+    if not (args.corpus_file and args.vocab_file):
+      raise SystemExit("--corpus_file and --vocab_file go together.")
+    return args.corpus_file, args.vocab_file
+  return build_corpus(tmp, mb, args.vocab_size)
 
 
 def _summary(name, rates, ratios):
@@ -263,11 +294,11 @@ def _peak_rss_child(corpus, vocab, spill_mb, dupe_factor):
                     "instances": md.num_instances, "shard_mib": shard / 2**20}))
 
 
-def peak_rss(args, tmp, sizes):
-  """Corpora of the given sizes (prefixes of one corpus), each in a child."""
-  big, vocab = build_corpus(tmp, max(sizes), args.vocab_size)
+def corpus_prefixes(tmp, big, sizes) -> list[str]:
+  """Files of the first documents of `big`, `sizes` megabytes of each."""
   with open(big, encoding="utf-8") as f:
     docs = f.read().split("\n\n")
+  paths = []
   for mb in sizes:
     path = os.path.join(tmp, f"corpus_{mb}.txt")
     kept, size = [], 0
@@ -278,6 +309,14 @@ def peak_rss(args, tmp, sizes):
       size += len(d.encode("utf-8")) + 2
     with open(path, "w", encoding="utf-8") as f:
       f.write("\n\n".join(kept) + "\n")
+    paths.append(path)
+  return paths
+
+
+def peak_rss(args, tmp, sizes):
+  """Corpora of the given sizes (prefixes of one corpus), each in a child."""
+  big, vocab = corpus_and_vocab(args, tmp, max(sizes))
+  for mb, path in zip(sizes, corpus_prefixes(tmp, big, sizes)):
     done = subprocess.run(
         [sys.executable, "-m", "bertjax.benchmarks.create_data_bench",
          "--_rss_child", path, vocab, str(args.spill_mb),
@@ -312,8 +351,22 @@ def main():
                       help="Time whole command-line processes (module docstring).")
   parser.add_argument("--baseline", default="",
                       help="With --whole_process: a checkout whose bertjax also runs.")
-  parser.add_argument("--spill_mb", type=float, default=16.0,
+  parser.add_argument("--spill_mb", type=float, default=8.0,
                       help="Spill size for --peak_rss.")
+  parser.add_argument("--also_workers", default="",
+                      help="With --whole_process: comma-separated worker "
+                      "counts bertjax also runs with, in each pair.")
+  parser.add_argument("--sizes_mb", default="",
+                      help="Comma-separated corpus sizes (MB): the runs on "
+                      "each, prefixes of one corpus of the largest size "
+                      "(with --skip_reference, bertjax alone: its memory "
+                      "as the corpus grows).")
+  parser.add_argument("--corpus_file", default="",
+                      help="A corpus to use (one sentence per line, blank "
+                      "lines between documents) instead of building one; "
+                      "with --vocab_file.")
+  parser.add_argument("--vocab_file", default="",
+                      help="The WordPiece vocab.txt for --corpus_file.")
   args = parser.parse_args()
   os.environ["TOKENIZERS_PARALLELISM"] = "false"  # One thread: per-core figures.
   tmp = tempfile.mkdtemp(prefix="create_data_bench_")
@@ -321,14 +374,17 @@ def main():
     if args.peak_rss:
       peak_rss(args, tmp, [float(x) for x in args.peak_rss.split(",")])
       return
-    corpus, vocab = build_corpus(tmp, args.mb, args.vocab_size)
-    print(f"corpus {os.path.getsize(corpus) / 1e6:.1f} MB (installed "
-          f"docstrings, no repeated text), max_seq_length "
-          f"{args.max_seq_length}, dupe_factor {args.dupe_factor}", flush=True)
-    if args.whole_process:
-      whole_process(args, tmp, corpus, vocab)
-    else:
-      speed(args, tmp, corpus, vocab)
+    sizes = [float(x) for x in args.sizes_mb.split(",")] if args.sizes_mb else []
+    corpus, vocab = corpus_and_vocab(args, tmp, max(sizes) if sizes else args.mb)
+    corpora = corpus_prefixes(tmp, corpus, sizes) if sizes else [corpus]
+    for corpus in corpora:
+      print(f"corpus {os.path.getsize(corpus) / 1e6:.1f} MB (installed "
+            f"docstrings, no repeated text), max_seq_length "
+            f"{args.max_seq_length}, dupe_factor {args.dupe_factor}", flush=True)
+      if args.whole_process:
+        whole_process(args, tmp, corpus, vocab)
+      else:
+        speed(args, tmp, corpus, vocab)
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
 

@@ -60,7 +60,7 @@ class CreationConfig:
   docs_per_chunk: int = 2048  # --docs_per_chunk: the scope of random-next B.
   chunk_chars: int = 32 << 20  # A chunk also ends at about this much text.
   partition_bytes: int = 4 << 20  # --partition_mb (in MiB): input per partition.
-  spill_bytes: int = 16 << 20  # Spill buffers and merge blocks: memory, not output.
+  spill_bytes: int = 8 << 20  # Spill buffers and merge blocks: memory, not output.
 
   def validate(self) -> None:
     """Raises ValueError naming the flag of any bad value."""

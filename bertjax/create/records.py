@@ -18,6 +18,7 @@ import os
 import struct
 from typing import Iterable, Sequence
 
+import google_crc32c
 import numpy as np
 
 from bertjax.records import fileio
@@ -27,6 +28,7 @@ from bertjax.text.ragged import ranges as ragged_ranges
 FEATURE_ORDER = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
                  "masked_lm_ids", "masked_lm_weights", "next_sentence_labels")
 _LEN = 2  # Protobuf wire type of length-delimited fields.
+_ROWS_AT_ONCE = 1024  # Rows ExampleEncoder.frame_batch encodes together.
 
 
 def varint(value: int) -> bytes:
@@ -130,6 +132,12 @@ class ExampleEncoder:
       raise ValueError(f"rows of {ids_BxL.shape[1:]} tokens / {positions_BxP.shape[1:]} "
                        f"predictions; the encoder's are max_seq_length={L} / "
                        f"max_predictions_per_seq={P}")
+    if B > _ROWS_AT_ONCE:  # Bounds the memory of the per-byte arrays.
+      rows = [(a, a + _ROWS_AT_ONCE) for a in range(0, B, _ROWS_AT_ONCE)]
+      frames, lengths = zip(*(self.frame_batch(*(x[a:b] for x in (
+          ids_BxL, lengths_B, num_a_B, positions_BxP, labels_BxP,
+          num_predictions_B, is_random_next_B))) for a, b in rows))
+      return b"".join(frames), np.concatenate(lengths)
     n, a = np.asarray(lengths_B, np.int64), np.asarray(num_a_B, np.int64)
     k = np.asarray(num_predictions_B, np.int64)
     ids, ids_n = self._varints(ids_BxL)
@@ -157,8 +165,9 @@ class ExampleEncoder:
     frame_n = data_n + tfrecord.FRAME_OVERHEAD
     data_start = starts + tfrecord.HEADER_BYTES
     data = out.tobytes()
-    crcs = np.fromiter((tfrecord.masked_crc32c(data[s:s + m]) for s, m in
-                        zip(data_start.tolist(), data_n.tolist())), np.uint32, B)
+    crcs = tfrecord.mask_crc32c(np.fromiter(
+        (google_crc32c.value(data[s:s + m]) for s, m in
+         zip(data_start.tolist(), data_n.tolist())), np.uint32, B))
     out[ragged_ranges(data_start + data_n, np.full(B, tfrecord.FOOTER_BYTES))] = (
         crcs.astype("<u4").view(np.uint8))
     return out.tobytes(), frame_n
@@ -172,8 +181,18 @@ class ExampleEncoder:
       self._varint_words, self._varint_num = _varint_table(
           min(max(2 * top, 1 << 14), max(top + 1, 1 << 28)))
     num = self._varint_num[values]
-    words = self._varint_words[values].view(np.uint8).reshape(values.shape + (4,))
-    return words[np.arange(4) < num[..., None]], num.sum(-1)
+    words = self._varint_words[values.ravel()]
+    ends = np.cumsum(num, dtype=np.int64)
+    starts = ends - num.ravel()
+    out = np.empty(int(ends[-1]) if len(ends) else 0, np.uint8)
+    out[starts] = words.astype(np.uint8)
+    # Byte k of the values that have one, k = 1, 2, 3.
+    for k in range(1, 4):
+      longer = np.flatnonzero(num.ravel() > k)
+      if not len(longer):
+        break
+      out[starts[longer] + k] = (words[longer] >> (8 * k)).astype(np.uint8)
+    return out, num.sum(-1, dtype=np.int64)
 
   def _head_part(self, name: str, num_bytes_B: np.ndarray):
     return _lookup_part(lambda v: self._int_head(name, v), num_bytes_B)
@@ -189,7 +208,7 @@ def _varint_table(size: int) -> tuple[np.ndarray, np.ndarray]:
   byte = np.arange(4)
   out = ((v[:, None] >> (7 * byte)) & 0x7F) | np.where(byte < num[:, None] - 1, 0x80, 0)
   out = np.where(byte < num[:, None], out, 0).astype(np.uint8)
-  return out.view("<u4").ravel(), num.astype(np.int64)
+  return out.view("<u4").ravel(), num.astype(np.uint8)
 
 
 def _ragged_part(flat: np.ndarray, counts_B: np.ndarray):
@@ -213,13 +232,20 @@ def _lookup_part(make, values_B: np.ndarray):
 
 def _concat_rows(parts) -> tuple[np.ndarray, np.ndarray]:
   """(every row's parts in order, rows back to back; where each row starts).
-  A part is (flat uint8 source, start per row, count per row)."""
-  counts_BxS = np.stack([p[2] for p in parts], axis=1)
-  starts_BxS = (np.cumsum(counts_BxS.ravel()) - counts_BxS.ravel()).reshape(counts_BxS.shape)
-  out = np.empty(int(counts_BxS.sum()), np.uint8)
-  for s, (src, src_start, count) in enumerate(parts):
-    out[ragged_ranges(starts_BxS[:, s], count)] = src[ragged_ranges(src_start, count)]
-  return out, starts_BxS[:, 0]
+  A part is (flat uint8 source, start per row, count per row).
+
+  One gather from all sources joined: the output's byte i is the source byte
+  its segment (row, part) starts at plus i's place in the segment.
+  """
+  sources = [p[0] for p in parts]
+  base = np.cumsum([0] + [len(src) for src in sources[:-1]])
+  src_BxS = np.stack([p[1] + b for p, b in zip(parts, base)], axis=1).ravel()
+  counts_BxS = np.stack([p[2] for p in parts], axis=1).ravel()
+  ends = np.cumsum(counts_BxS)
+  starts = ends - counts_BxS
+  index = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int32)
+  index += np.repeat((src_BxS - starts).astype(np.int32), counts_BxS)
+  return np.concatenate(sources)[index], starts[::len(parts)]
 
 
 def _masked_crc(data: bytes) -> bytes:

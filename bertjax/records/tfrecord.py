@@ -64,6 +64,12 @@ def masked_crc32c(data: bytes) -> int:
   return ((((crc >> 15) | (crc << 17)) & 0xffffffff) + MASK_DELTA) & 0xffffffff
 
 
+def mask_crc32c(crcs: np.ndarray) -> np.ndarray:
+  """masked_crc32c's masking of an array of CRC32Cs (uint32)."""
+  crcs = crcs.astype(np.uint32)
+  return ((crcs >> np.uint32(15)) | (crcs << np.uint32(17))) + np.uint32(MASK_DELTA)
+
+
 def index_path(path: str) -> str:
   """The index file beside a shard: its records' offsets as int64s."""
   return path + INDEX_SUFFIX

@@ -6,16 +6,17 @@ whitespace, and make every punctuation character (every printable
 non-alphanumeric, ASCII's 33-47, 58-64, 91-96 and 123-126) a word of its
 own. WordPiece then maps each word to its pieces on its own. So `AsciiWords`
 does the basic step on a whole batch of texts at once in numpy, and sends
-only the words it has not seen before through the compiled tokenizer;
-every other word is a dictionary lookup. The compiled tokenizer stays the
+only the words it has not seen before through the compiled WordPiece
+(`tokenizers`; its basic steps have nothing left to do on such words);
+every other word is a dictionary lookup. The compiled WordPiece stays the
 reference for every word (the unknown-word rule and the word length limit
-included), so the ids are the compiled tokenizer's ids. Texts with any
+included), so the ids are its ids. Texts with any
 non-ASCII character do not come here (tokenization.WordPieceTokenizer).
 
 The cache starts over when a batch's new words would take it past
 `max_words` (a single batch's own words are always kept while it is
 encoded), so memory stays bounded on any corpus: about 165 bytes a word,
-some 90 MB per process at the default of 2**19 words.
+some 22 MB per process at the default of 2**17 words.
 """
 
 from typing import Callable, Sequence
@@ -51,7 +52,7 @@ class AsciiWords:
   """Ids of ASCII texts, with each distinct word tokenized once."""
 
   def __init__(self, encode_words: Callable[[list[str]], list[list[int]]],
-               do_lower_case: bool, max_words: int = 1 << 19):
+               do_lower_case: bool, max_words: int = 1 << 17):
     self._encode_words = encode_words
     self._to_byte, self._copies = _byte_tables(do_lower_case)
     self.max_words = max_words

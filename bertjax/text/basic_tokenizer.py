@@ -43,7 +43,7 @@ are split in both variants (tokenization.py).
 import functools
 import re
 import sys
-from typing import Sequence
+from typing import Optional, Sequence
 import unicodedata
 
 from tokenizers import normalizers
@@ -72,9 +72,12 @@ def check_compat(compat: str) -> str:
   return compat
 
 
+Runs = tuple[tuple[str, int, int], ...]  # (category, first, last) code points.
+
+
 @functools.lru_cache(maxsize=None)
-def _category_runs() -> tuple[tuple[str, int, int], ...]:
-  """(category, first, last) for each run of code points of one category."""
+def _category_runs() -> Runs:
+  """The runs of code points of one category, over all of Unicode."""
   names = sorted({unicodedata.category(chr(cp)) for cp in range(0x10000)}
                  | {"Cn", "Co", "Cs"})
   letter = {name: chr(65 + i) for i, name in enumerate(names)}
@@ -84,6 +87,11 @@ def _category_runs() -> tuple[tuple[str, int, int], ...]:
   name = {v: k for k, v in letter.items()}
   return tuple((name[m.group()[0]], m.start(), m.end() - 1)
                for m in re.finditer(r"(.)\1*", cats, re.DOTALL))
+
+
+def _runs_of(chars: frozenset[str]) -> Runs:
+  """The categories of the given characters only."""
+  return tuple((unicodedata.category(c), ord(c), ord(c)) for c in sorted(chars))
 
 
 def _merge(ranges) -> Ranges:
@@ -96,10 +104,13 @@ def _merge(ranges) -> Ranges:
   return tuple(out)
 
 
-def _without(ranges: Ranges, code_points) -> Ranges:
+def _without(ranges: Ranges, code_points: range | frozenset[int]) -> Ranges:
   out = []
   for a, b in ranges:
-    cuts = sorted(cp for cp in code_points if a <= cp <= b)
+    if isinstance(code_points, range):  # The cuts of a run, not all of it.
+      cuts = range(max(a, code_points.start), min(b + 1, code_points.stop))
+    else:
+      cuts = sorted(cp for cp in code_points if a <= cp <= b)
     for cp in cuts:
       if a < cp:
         out.append((a, cp - 1))
@@ -109,24 +120,21 @@ def _without(ranges: Ranges, code_points) -> Ranges:
   return tuple(out)
 
 
-@functools.lru_cache(maxsize=None)
-def _dropped_ranges(compat: str) -> Ranges:
+def _dropped_ranges(compat: str, runs: Runs) -> Ranges:
   """What cleaning drops: NUL, U+FFFD and control characters."""
   categories = ("Cc", "Cf") if compat == "original" else (
       "Cc", "Cf", "Cn", "Co", "Cs")
-  ranges = [(a, b) for cat, a, b in _category_runs() if cat in categories]
+  ranges = [(a, b) for cat, a, b in runs if cat in categories]
   return _without(_merge(ranges + [(0xFFFD, 0xFFFD)]), _WHITESPACE_CONTROLS)
 
 
-@functools.lru_cache(maxsize=None)
-def _category_ranges(prefix: str) -> Ranges:
-  return _merge((a, b) for cat, a, b in _category_runs()
-                if cat.startswith(prefix))
+def _category_ranges(prefix: str, runs: Runs) -> Ranges:
+  return _merge((a, b) for cat, a, b in runs if cat.startswith(prefix))
 
 
-def _isolated_ranges() -> Ranges:
+def _isolated_ranges(runs: Runs) -> Ranges:
   """Punctuation and CJK ideographs: each character is a word of its own."""
-  return _merge(_category_ranges("P") + _ASCII_PUNCTUATION + _CJK_RANGES)
+  return _merge(_category_ranges("P", runs) + _ASCII_PUNCTUATION + _CJK_RANGES)
 
 
 def _char_class(ranges: Ranges, escape) -> str:
@@ -140,20 +148,25 @@ def _onig_class(ranges: Ranges) -> str:
   return _char_class(ranges, lambda cp: f"\\x{{{cp:X}}}")
 
 
-@functools.lru_cache(maxsize=None)
-def _dropped_pattern(compat: str) -> re.Pattern:
-  """_dropped_ranges as a Python regex."""
-  return re.compile(_char_class(_dropped_ranges(compat),
-                                lambda cp: f"\\U{cp:08x}"))
-
-
 class BasicTokenizer:
   """The original's basic tokenization: `prepare_batch`, then the compiled
-  `normalizer` and `pre_tokenizer` (see the module docstring)."""
+  `normalizer` and `pre_tokenizer` (see the module docstring).
 
-  def __init__(self, do_lower_case: bool = True, compat: str = "original"):
+  With `chars`, for texts of those characters only: the character classes
+  then take the categories of `chars` alone, not a pass over all of Unicode
+  (about half a second); before and after `prepare` a text must hold no
+  other character (`chars_of` gives what a batch holds).
+  """
+
+  def __init__(self, do_lower_case: bool = True, compat: str = "original",
+               chars: Optional[frozenset[str]] = None):
     self.do_lower_case = bool(do_lower_case)
     self.compat = check_compat(compat)
+    self.chars = chars
+
+  @functools.cached_property
+  def _runs(self) -> Runs:
+    return _category_runs() if self.chars is None else _runs_of(self.chars)
 
   @property
   def max_input_chars_per_word(self) -> int:
@@ -162,24 +175,30 @@ class BasicTokenizer:
   @property
   def normalizer(self) -> normalizers.Normalizer:
     steps = [normalizers.Replace(
-        Regex(_onig_class(_dropped_ranges(self.compat))), "")]
-    if self.do_lower_case:  # prepare_batch lower-cased and decomposed.
-      steps.append(normalizers.Replace(
-          Regex(_onig_class(_category_ranges("Mn"))), ""))
+        Regex(_onig_class(_dropped_ranges(self.compat, self._runs))), "")]
+    marks = _category_ranges("Mn", self._runs)
+    if self.do_lower_case and marks:  # prepare_batch lower-cased and decomposed.
+      steps.append(normalizers.Replace(Regex(_onig_class(marks)), ""))
     return normalizers.Sequence(steps)
 
   @property
   def pre_tokenizer(self) -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.Sequence([
         pre_tokenizers.WhitespaceSplit(),
-        pre_tokenizers.Split(Regex(_onig_class(_isolated_ranges())),
+        pre_tokenizers.Split(Regex(_onig_class(_isolated_ranges(self._runs))),
                              behavior="isolated")])
+
+  @functools.cached_property
+  def _dropped_pattern(self) -> re.Pattern:
+    """_dropped_ranges as a Python regex."""
+    return re.compile(_char_class(_dropped_ranges(self.compat, self._runs),
+                                  lambda cp: f"\\U{cp:08x}"))
 
   def prepare(self, text: str) -> str:
     """What must happen in Python before the compiled pipeline."""
     if not text.isascii():
       if self.do_lower_case or self.compat == "hf":
-        text = _dropped_pattern(self.compat).sub("", text)
+        text = self._dropped_pattern.sub("", text)
       if self.compat == "hf":
         text = unicodedata.normalize("NFC", text)
       if self.do_lower_case:
@@ -192,3 +211,8 @@ class BasicTokenizer:
     """`prepare` of each text."""
     prepare = self.prepare
     return [prepare(t) for t in texts]
+
+
+def chars_of(texts: Sequence[str]) -> frozenset[str]:
+  """The characters of `texts`."""
+  return frozenset("".join(texts))

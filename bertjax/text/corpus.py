@@ -15,8 +15,6 @@ model download.
 
 from typing import Iterable, Iterator, Optional
 
-import blingfire
-
 from bertjax.records import fileio
 
 
@@ -29,6 +27,7 @@ def split_sentences(text: str) -> list[str]:
   text = text.strip()
   if not text:
     return []
+  import blingfire  # pylint: disable=g-import-not-at-top  # Raw text only.
   # Bling Fire's output is a NUL-terminated C string.
   out = blingfire.text_to_sentences(text.replace("\x00", " "))
   if not out.strip():

@@ -14,7 +14,10 @@ greedy longest-match-first WordPiece with "##" continuations and [UNK] for
 words of more than 200 characters or with no matching pieces. It runs in
 Hugging Face `tokenizers` (Rust, batched). ASCII texts, most of an English
 corpus, are split into words in numpy and each distinct word goes through
-`tokenizers` once (ascii_words.py). `compat="hf"` gives
+`tokenizers`' WordPiece once (ascii_words.py). The other texts take the
+whole compiled pipeline, whose character classes cover the characters seen
+so far (basic_tokenizer.py), so a tokenizer starts in a few hundredths of a
+second instead of classifying all of Unicode first. `compat="hf"` gives
 `transformers.BertTokenizer`'s variant instead (basic_tokenizer.py says how
 it differs; words of more than 100 characters become [UNK]).
 Special-token literals in text are not kept whole, as in the original:
@@ -31,9 +34,10 @@ Tokenizers pickle to their vocab (not their path), so worker processes and
 Beam workers rebuild them without access to the vocab file.
 """
 
+import functools
 import os
 import unicodedata
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import numpy as np
 import tokenizers
@@ -48,6 +52,7 @@ KINDS = ("wordpiece", "sentencepiece")
 # special_ids keys, in schema.SPECIAL_TOKENS order.
 SPECIAL_KEYS = ("pad", "unk", "cls", "sep", "mask")
 WORD_BOUNDARY = "\u2581"  # SentencePiece's "▁", starting a word's first piece.
+_BATCH_CHARS = 1 << 20  # Characters of text encoded together (encode_flat).
 
 
 def read_vocab(path: str) -> list[str]:
@@ -155,11 +160,10 @@ class WordPieceTokenizer(Tokenizer):
     self.is_word_start = tuple(not t.startswith("##") for t in self.tokens)
     self.basic = basic_tokenizer.BasicTokenizer(self.do_lower_case, compat)
     self.compat = self.basic.compat
-    self._tokenizer = compiled_wordpiece(self.basic, self.vocab)
-    tok = self._tokenizer
-    self._encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
-    self._ascii = ascii_words.AsciiWords(self._encode_compiled,
+    self._ascii = ascii_words.AsciiWords(self._encode_words,
                                          self.do_lower_case)
+    # (BasicTokenizer, compiled pipeline) for the characters seen so far.
+    self._scoped = None
 
   def __reduce__(self):
     return (WordPieceTokenizer,
@@ -168,20 +172,64 @@ class WordPieceTokenizer(Tokenizer):
   def describe(self) -> dict:
     return {**super().describe(), "compat": self.compat}
 
+  @functools.cached_property
+  def _tokenizer(self) -> tokenizers.Tokenizer:
+    """The whole compiled pipeline (for decode), built on first use: its
+    character classes take a pass over every code point."""
+    return compiled_wordpiece(self.basic, self.vocab)
+
+  @functools.cached_property
+  def _word_pieces(self) -> tokenizers.Tokenizer:
+    """WordPiece alone, for words that basic tokenization has made already:
+    ASCII words with no punctuation, control character or (lower-cased)
+    capital, which the whole pipeline leaves as they are."""
+    return compiled_wordpiece(None, self.vocab,
+                              self.basic.max_input_chars_per_word)
+
   def _encode_compiled(self, texts: Sequence[str]) -> list[list[int]]:
-    """Ids from the compiled pipeline alone (on all cores)."""
+    """Ids from the compiled pipeline alone (on all cores), with character
+    classes of the characters seen so far (rebuilt when a text brings new
+    ones, before and after `prepare`)."""
     if not texts:
       return []
-    texts = self.basic.prepare_batch(texts)
-    return [e.ids for e in self._encode(texts, add_special_tokens=False)]
+    self._know(basic_tokenizer.chars_of(texts))
+    texts = self._scoped[0].prepare_batch(texts)
+    self._know(basic_tokenizer.chars_of(texts))
+    return _ids(self._scoped[1], texts)
+
+  def _know(self, chars: frozenset[str]) -> None:
+    if self._scoped is None:
+      basic = basic_tokenizer.BasicTokenizer(self.do_lower_case, self.compat,
+                                             chars)
+      self._scoped = (basic, compiled_wordpiece(basic, self.vocab))
+    elif not chars <= self._scoped[0].chars:
+      basic = basic_tokenizer.BasicTokenizer(
+          self.do_lower_case, self.compat, self._scoped[0].chars | chars)
+      pipeline = self._scoped[1]  # The same WordPiece, new classes.
+      pipeline.normalizer = basic.normalizer
+      pipeline.pre_tokenizer = basic.pre_tokenizer
+      self._scoped = (basic, pipeline)
+
+  def _encode_words(self, words: Sequence[str]) -> list[list[int]]:
+    """Ids of ASCII words made by ascii_words (on all cores)."""
+    return _ids(self._word_pieces, words) if words else []
 
   def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """(ids of all texts back to back as int32, number of ids per text).
 
     ASCII texts go through ascii_words (each distinct word tokenized once by
-    the compiled pipeline), the others through the compiled pipeline.
+    WordPiece), the others through the compiled pipeline; about
+    `_BATCH_CHARS` characters at a time, which bounds the memory the
+    batch's words and arrays take.
     """
-    texts = list(texts)
+    parts = [self._encode_flat_batch(batch) for batch in _batches(list(texts))]
+    if len(parts) == 1:
+      return parts[0]
+    ids, lengths = zip(*parts)
+    return np.concatenate(ids), np.concatenate(lengths)
+
+  def _encode_flat_batch(self, texts: list[str]
+                         ) -> tuple[np.ndarray, np.ndarray]:
     is_ascii = np.fromiter(map(str.isascii, texts), bool, len(texts))
     if is_ascii.all():
       return self._ascii.encode_flat(texts)
@@ -272,19 +320,43 @@ def _is_punctuation_piece(piece: str) -> bool:
       for c in piece)
 
 
-def compiled_wordpiece(basic: basic_tokenizer.BasicTokenizer,
-                       vocab: Optional[dict[str, int]] = None
+def compiled_wordpiece(basic: Optional[basic_tokenizer.BasicTokenizer],
+                       vocab: Optional[dict[str, int]] = None,
+                       max_input_chars_per_word: Optional[int] = None
                        ) -> tokenizers.Tokenizer:
   """A `tokenizers` WordPiece over `basic`'s normaliser and pre-tokenizer;
   texts must go through `basic.prepare_batch` first. Without `vocab`, for
-  training one."""
+  training one. Without `basic`, WordPiece of whitespace-separated words
+  only, each word of up to `max_input_chars_per_word` characters."""
   tok = tokenizers.Tokenizer(tokenizers.models.WordPiece(
       vocab, unk_token=schema.SPECIAL_TOKENS[1],
-      max_input_chars_per_word=basic.max_input_chars_per_word))
-  tok.normalizer = basic.normalizer
-  tok.pre_tokenizer = basic.pre_tokenizer
+      max_input_chars_per_word=(basic.max_input_chars_per_word if basic
+                                else max_input_chars_per_word)))
+  if basic is None:
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.WhitespaceSplit()
+  else:
+    tok.normalizer = basic.normalizer
+    tok.pre_tokenizer = basic.pre_tokenizer
   tok.decoder = tokenizers.decoders.WordPiece()
   return tok
+
+
+def _batches(texts: list[str]) -> Iterator[list[str]]:
+  """`texts` in consecutive runs of about _BATCH_CHARS characters (at least
+  one run)."""
+  start, size = 0, 0
+  for i, text in enumerate(texts):
+    size += len(text)
+    if size >= _BATCH_CHARS:
+      yield texts[start:i + 1]
+      start, size = i + 1, 0
+  if start < len(texts) or not texts:
+    yield texts[start:]
+
+
+def _ids(tok: tokenizers.Tokenizer, texts: Sequence[str]) -> list[list[int]]:
+  encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
+  return [e.ids for e in encode(texts, add_special_tokens=False)]
 
 
 def load_tokenizer(kind: str, path: str, do_lower_case: bool = True,
