@@ -24,6 +24,7 @@ import argparse
 import os
 
 from bertjax.benchmarks import recipes
+from bertjax.train import usage
 
 
 def _plot(curves, budget, path):
@@ -64,6 +65,7 @@ def main():
                       "(0: all).")
   parser.add_argument("--_pretrain", choices=sorted(RECIPES), help=argparse.SUPPRESS)
   args = parser.parse_args()
+  usage.quiet_library_logs()
   root = os.path.abspath(args.workdir)
   if args._pretrain:  # pylint: disable=protected-access
     name = args._pretrain  # pylint: disable=protected-access
