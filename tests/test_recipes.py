@@ -1,23 +1,6 @@
-"""The pieces of the recipe benchmarks that decide how runs share the machine."""
-
-import os
+"""The recipe benchmarks' demo-scale configs."""
 
 from bertjax.benchmarks import recipes
-
-
-def test_cpu_shares_are_disjoint_and_cover_every_cpu():
-  cpus = sorted(os.sched_getaffinity(0))
-  for n in range(1, len(cpus) + 1):
-    shares = recipes.cpu_shares(n)
-    assert len(shares) == n
-    flat = [c for share in shares for c in share]
-    assert sorted(flat) == cpus  # every CPU once, none twice
-    assert max(map(len, shares)) - min(map(len, shares)) <= 1
-
-
-def test_cpu_shares_pin_nothing_when_runs_outnumber_cpus():
-  n = len(os.sched_getaffinity(0)) + 1
-  assert recipes.cpu_shares(n) == [None] * n
 
 
 def test_demo_scale_keeps_the_recipes_learning_rate_ratio():

@@ -104,32 +104,23 @@ def pretrain(name: str, config, workdir: str, *, checkpoints: int) -> Curve:
   return Curve(name, workdir, steps, seconds)
 
 
-def cpu_shares(n: int) -> list[Optional[list[int]]]:
-  """The CPUs this process may use, dealt into `n` disjoint shares (None each
-  when there are fewer CPUs than shares: then nothing is pinned)."""
-  cpus = sorted(os.sched_getaffinity(0))
-  if len(cpus) < n:
-    return [None] * n
-  return [cpus[i::n] for i in range(n)]
-
-
 def pretrain_side_by_side(module: str, names: list[str], root: str, argv: list[str]
                           ) -> dict[str, Curve]:
   """Pretrains every recipe in `names` at the same time, each in its own
-  process (`python -m module --_pretrain=NAME ARGV...`) pinned to its own
-  share of the CPUs, so that whatever else loads the machine falls on every
-  recipe alike; returns each recipe's Curve (read from root/NAME/curve.json).
+  process (`python -m module --_pretrain=NAME ARGV...`), none pinned to a
+  CPU, so that the scheduler shares the CPUs and whatever else loads the
+  machine between them alike (pinning each to its own CPUs would leave one
+  recipe the busier CPU); returns each recipe's Curve (read from
+  root/NAME/curve.json).
 
   The child process builds its recipe's config from its name and calls
   `pretrain_child`. The demo data must exist before (prepare_data).
   """
   procs = {}
-  for name, cpus in zip(names, cpu_shares(len(names))):
+  for name in names:
     os.makedirs(os.path.join(root, name), exist_ok=True)
     log = open(os.path.join(root, name, "pretrain.log"), "w", encoding="utf-8")  # pylint: disable=consider-using-with
     command = [sys.executable, "-m", module, f"--_pretrain={name}"] + argv
-    if cpus is not None:
-      command = ["taskset", "-c", ",".join(map(str, cpus))] + command
     procs[name] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), log)  # pylint: disable=consider-using-with
   failed = []
   for name, (proc, log) in procs.items():

@@ -9,15 +9,16 @@ static 15% masks, lengths 128 then 512) and the modern recipe
 mlm on full sentences, 30% dynamic masking, length 128 only, MosaicBERT's
 optimizer and schedule shape; tiny.py's batch size, and a peak learning rate
 5x tiny.py's as MosaicBERT's 5e-4 is 5x the paper's 1e-4) for the same number
-of steps, at the same time: each in its own process pinned to its own half
-of the CPUs (recipes.pretrain_side_by_side), so that whatever else loads the
-machine falls on both alike. The paper recipe's wall time is the budget: the
-modern run's checkpoints after it do not count. Every checkpoint is scored
-on the same held-out records (recipes.eval_pattern, 15% masking); the
-demo's downstream task is fine-tuned from both final checkpoints and from
-the modern run's checkpoint at half the budget. Writes workdir/time_to_quality.png (held-out MLM
-accuracy against wall time), workdir/time_to_quality.md (the table) and
-workdir/time_to_quality.json, and prints the table.
+of steps, at the same time, each in its own process
+(recipes.pretrain_side_by_side), so that whatever else loads the machine
+falls on both alike. The paper recipe's wall time is the budget: the modern
+run's checkpoints after it do not count. Every checkpoint is scored on the
+same held-out records (recipes.eval_pattern, 15% masking); the demo's
+downstream task is fine-tuned from both final checkpoints and from the
+modern run's checkpoint at half the budget. Writes
+workdir/time_to_quality.png (held-out MLM accuracy against wall time),
+workdir/time_to_quality.md (the table) and workdir/time_to_quality.json,
+and prints the table.
 """
 
 import argparse
