@@ -4,9 +4,12 @@ before anything compiles."""
 
 import os
 
+import jax
 import numpy as np
 import pytest
 
+from bertjax import benchmark
+from bertjax.records import schema
 from bertjax.train import loop
 from bertjax.train import run_config
 from test_packing_pipeline import P, dataset  # pylint: disable=unused-import
@@ -84,6 +87,28 @@ def test_logged_real_tokens_are_the_fed_batches_input_mask(dataset, tmp_path, mo
   for s in range(1, STEPS + 1):
     assert slots["plain"][s] == pytest.approx(8 * 32, rel=1e-4)
     assert slots["packed"][s] == pytest.approx(16 * 32, rel=1e-4)
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_benchmark_compiles_for_the_batch_the_pipeline_yields(dataset, packed):
+  """bertjax.benchmark's abstract batch has the fields, shapes and dtypes of the
+  training pipeline's batch: with packing 16 examples / 1.6 = 10 rows."""
+  overrides = {"data.packing": True, "data.packing_factor": 1.6} if packed else {}
+  config = config_on(dataset, **overrides)
+  model_config = run_config.validate(config)
+  phase = run_config.phases(config)[0]
+  batch = next(loop._train_source(config, phase, model_config).iterate(0))  # pylint: disable=protected-access
+  specs = benchmark.batch_specs(config, phase, None)
+  assert ({k: (v.shape, np.dtype(v.dtype)) for k, v in specs.items()}
+          == {k: (v.shape, v.dtype) for k, v in batch.items()})
+  assert specs["input_ids"].shape == ((10, 32) if packed else (16, 32))
+  assert set(schema.PACKED_KEYS) & set(specs) == (set(schema.PACKED_KEYS) if packed else set())
+  # The benchmark reads no records: it compiles for packed shapes on synthetic
+  # data, which a training run refuses.
+  benchmark.build(config.copy_and_resolve_references(), jax.devices(), compile_only=True)
+  if packed:
+    with pytest.raises(run_config.ConfigError, match=r"--config\.data\.packing: packs records"):
+      benchmark.build(config.copy_and_resolve_references(), jax.devices())
 
 
 BAD = {
