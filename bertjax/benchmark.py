@@ -204,11 +204,7 @@ def aot_compile(config, topology: str, phase_name: str = "",
     compiled = step_fn.lower(abstract_state, batch, rng).compile()
     seconds = time.perf_counter() - t0
   mem = compiled.memory_analysis()
-  packing = run_config.packed_layout(config, phase)
-  # What each row of the step holds: predictions and [CLS] slots.
-  rows, predictions, examples = (
-      (phase.global_batch_size, phase.max_predictions_per_seq, 1) if packing is None else
-      (packing.rows, packing.max_predictions_per_row, packing.max_examples_per_row))
+  rows, predictions, examples = run_config.row_slots(config, phase)
   length = phase.max_seq_length
   dcn = dcn_traffic.dcn_traffic(compiled.as_text()) if num_slices > 1 else None
   return AotResult(
@@ -227,7 +223,7 @@ def aot_compile(config, topology: str, phase_name: str = "",
       hbm_bytes=tpu_topology.available_hbm_bytes(topology), num_slices=num_slices,
       dcn=dcn, gradient_allreduce_bytes=dcn_traffic.gradient_allreduce_bytes(
           sum(x.size for x in jax.tree.leaves(abstract_state.params)),
-          len(devices) // num_slices), packing=packing)
+          len(devices) // num_slices), packing=run_config.packed_layout(config, phase))
 
 
 def batch_specs(config, phase: run_config.Phase, sharding) -> dict[str, jax.ShapeDtypeStruct]:

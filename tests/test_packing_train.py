@@ -10,6 +10,7 @@ import pytest
 
 from bertjax import benchmark
 from bertjax.records import schema
+from bertjax.train import flops
 from bertjax.train import loop
 from bertjax.train import run_config
 from test_packing_pipeline import P, dataset  # pylint: disable=unused-import
@@ -65,11 +66,14 @@ def _fed_real_tokens(monkeypatch) -> list[int]:
 def test_logged_real_tokens_are_the_fed_batches_input_mask(dataset, tmp_path, monkeypatch):
   """train/real_tokens is each step's sum of input_mask; in the same 8 rows of 32
   tokens, packed steps (16 examples, factor 2) hold more of them than unpacked
-  steps (8 examples), while tokens_per_second counts the slots of 16 and 8 rows."""
+  steps (8 examples), while tokens_per_second counts the slots of 16 and 8 rows.
+  MFU counts the FLOPs of the rows computed: 8 either way, packed ones with 3
+  [CLS] and P + 3 masked-LM slots."""
   real, slots = {}, {}
   for name, overrides in (("plain", {}), ("packed", {"data.packing": True})):
     fed = _fed_real_tokens(monkeypatch)
-    config = config_on(dataset, **{"logging.every_steps": 1, **overrides})
+    config = config_on(dataset, **{"logging.every_steps": 1, "logging.peak_tflops": 1.0,
+                                   **overrides})
     config.phases.seq32.update(eval_files="",
                                global_batch_size=16 if overrides else 8)
     loop.train_and_evaluate(config, str(tmp_path / name))
@@ -82,6 +86,11 @@ def test_logged_real_tokens_are_the_fed_batches_input_mask(dataset, tmp_path, mo
     rate = losses(tmp_path / name, tag="train/real_tokens_per_second")
     # One step a window: the rate over the window is the step's tokens over its time.
     assert {s: rate[s] * step_time[s] for s in rate} == pytest.approx(real[name], rel=1e-5)
+    model_flops = 8 * flops.train_flops_per_sequence(
+        run_config.validate(config), 32, *((P + 3, 3) if overrides else (P, 1)))
+    mfu = losses(tmp_path / name, tag="train/mfu")
+    assert {s: mfu[s] * step_time[s] * 1e12 for s in mfu} == pytest.approx(
+        dict.fromkeys(range(1, STEPS + 1), model_flops), rel=1e-5)
   assert all(real["packed"][s] > real["plain"][s] for s in range(1, STEPS + 1)), real
   assert all(real["packed"][s] <= 8 * 32 for s in real["packed"])
   for s in range(1, STEPS + 1):

@@ -89,9 +89,13 @@ def train_flops_per_sequence(c: BertConfig, seq_len: int, num_predictions: int,
 
 
 def mfu(c: BertConfig, seq_len: int, num_predictions: int, sequences_per_second: float,
-        num_chips: int, peak_tflops_per_chip: float | None) -> float | None:
-  """Achieved model FLOP/s over the peak of all chips; None when the peak is unknown."""
+        num_chips: int, peak_tflops_per_chip: float | None, num_examples: int = 1) -> float | None:
+  """Achieved model FLOP/s over the peak of all chips; None when the peak is unknown.
+
+  `sequences_per_second` counts rows (packed rows with packing), each with
+  `num_examples` [CLS] slots."""
   if not peak_tflops_per_chip:
     return None
-  achieved = train_flops_per_sequence(c, seq_len, num_predictions) * sequences_per_second
+  achieved = (train_flops_per_sequence(c, seq_len, num_predictions, num_examples)
+              * sequences_per_second)
   return achieved / (num_chips * peak_tflops_per_chip * 1e12)

@@ -95,7 +95,8 @@ class MetricLogger:
   def log_train(self, step: int, phase, host_metrics: list[dict[str, float]],
                 learning_rate: float, data_stats: Optional[dict[str, int]] = None,
                 compiled_step_flops: Optional[float] = None,
-                nonfinite: Optional[dict[str, int]] = None) -> dict[str, float]:
+                nonfinite: Optional[dict[str, int]] = None,
+                row_slots: Optional[tuple[int, int, int]] = None) -> dict[str, float]:
     """Averages the window's metrics, adds rates, prints and writes them.
 
     The averages are over the window's finite steps (over all of them when
@@ -104,7 +105,9 @@ class MetricLogger:
     skipped steps in all and in a row) under train/. `mfu` is always from
     the analytic model FLOPs; `hfu` from `compiled_step_flops` (XLA's count
     per device, recomputation included) where XLA counts the whole step, and
-    absent otherwise (profiling.utilisation).
+    absent otherwise (profiling.utilisation). `row_slots` is what the step
+    computes on (run_config.row_slots: rows, masked-LM and [CLS] slots per
+    row; packed rows differ from the phase's); None: the phase's, unpacked.
     """
     now = time.perf_counter()
     steps = step - self._step0
@@ -118,12 +121,14 @@ class MetricLogger:
              sequences_per_second=seqs,
              tokens_per_second=seqs * phase.max_seq_length, goodput=self.clock.goodput())
     m.update(real_token_rates(host_metrics, seconds))
+    rows, predictions, examples = row_slots or (
+        phase.global_batch_size, phase.max_predictions_per_seq, 1)
     m.update(profiling.utilisation(
         step_seconds=seconds / max(steps, 1), num_chips=self.num_chips,
         peak_tflops_per_chip=self.peak, model_config=self.model_config,
-        seq_len=phase.max_seq_length, num_predictions=phase.max_predictions_per_seq,
-        global_batch_size=phase.global_batch_size, compiled_step_flops=compiled_step_flops,
-        grad_accum_steps=self.grad_accum_steps))
+        seq_len=phase.max_seq_length, num_predictions=predictions, global_batch_size=rows,
+        compiled_step_flops=compiled_step_flops, grad_accum_steps=self.grad_accum_steps,
+        num_examples=examples))
     m.update(nonfinite or {})
     eta = (self.total_steps - step) / max(steps_per_s, 1e-9)
     percent = lambda k: f"{100 * m[k]:.1f}%" if k in m else "n/a"

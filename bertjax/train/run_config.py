@@ -184,6 +184,16 @@ def batch_shapes(config: ml_collections.ConfigDict, phase: Phase
   return packing_lib.packed_batch_shapes(layout)
 
 
+def row_slots(config: ml_collections.ConfigDict, phase: Phase) -> tuple[int, int, int]:
+  """(rows, masked-LM slots per row, [CLS] slots per row) of `phase`'s global
+  batch: what each train step computes on (flops.train_flops_per_sequence);
+  packed rows hold several examples each."""
+  layout = packed_layout(config, phase)
+  if layout is None:
+    return phase.global_batch_size, phase.max_predictions_per_seq, 1
+  return layout.rows, layout.max_predictions_per_row, layout.max_examples_per_row
+
+
 def _check_packing(config, model: BertConfig, plan: list[Phase], dp: Optional[int],
                    process_count: int, compile_only: bool):
   """Refuses packing settings that the data, the model or the mesh cannot take."""
