@@ -156,20 +156,24 @@ def _child(payload):
           for name in payload["topologies"]}
 
 
-def test_libtpu_reports_available_hbm_per_chip():
-  spec = importlib.util.find_spec("libtpu")
-  if spec is None:
+def _libtpu_child(payload, timeout=600):
+  """_child(payload)'s result from this file run with libtpu on JAX_PLATFORMS=cpu;
+  skips where libtpu is not installed (`pip install "jax[tpu]"`)."""
+  if importlib.util.find_spec("libtpu") is None:
     pytest.skip("libtpu is not installed (pip install 'jax[tpu]')")
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              PYTHONPATH=os.pathsep.join([jax_child.REPO, os.path.dirname(__file__)]),
              # Compiles only: leave libtpu's one-process lock to tests that
              # may run beside this one.
              ALLOW_MULTIPLE_LIBTPU_LOAD="1")
-  done = subprocess.run(
-      [sys.executable, __file__, json.dumps({"topologies": ["v4:2x2x1", "v5e:2x4"]})],
-      env=env, capture_output=True, text=True, timeout=300, check=False)
+  done = subprocess.run([sys.executable, __file__, json.dumps(payload)], env=env,
+                        capture_output=True, text=True, timeout=timeout, check=False)
   assert done.returncode == 0, done.stderr[-6000:]
-  result = json.loads(done.stdout.strip().splitlines()[-1])
+  return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_libtpu_reports_available_hbm_per_chip():
+  result = _libtpu_child({"topologies": ["v4:2x2x1", "v5e:2x4"]}, timeout=300)
   v4, v5e = result["v4:2x2x1"], result["v5e:2x4"]
   assert v4["devices"] == v4["chips"] == 4, v4  # One megacore device per v4 chip.
   # A v4 device has (most of) the chip's 32 GiB, not half of it.
@@ -199,15 +203,7 @@ def _finetune_child(accums):
 def test_accumulation_shrinks_a_fine_tuning_steps_temporaries_on_one_v5e_chip():
   """The check behind docs/finetuning-runs.md's BERT-LARGE SQuAD v2.0 figures, on a
   small model: the same step at 1 and 4 micro-batches."""
-  spec = importlib.util.find_spec("libtpu")
-  if spec is None:
-    pytest.skip("libtpu is not installed (pip install 'jax[tpu]')")
-  env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1",
-             PYTHONPATH=os.pathsep.join([jax_child.REPO, os.path.dirname(__file__)]))
-  done = subprocess.run([sys.executable, __file__, json.dumps({"finetune": [1, 4]})],
-                        env=env, capture_output=True, text=True, timeout=600, check=False)
-  assert done.returncode == 0, done.stderr[-6000:]
-  result = json.loads(done.stdout.strip().splitlines()[-1])
+  result = _libtpu_child({"finetune": [1, 4]})
   one, four = result["1"], result["4"]
   assert one["batch"] == four["batch"] == 48
   assert one["fits"] and four["fits"]
@@ -241,14 +237,7 @@ def _two_slice_compile():
 
 
 def test_a_two_slice_topology_compiles_with_data_parallelism_across_slices():
-  if importlib.util.find_spec("libtpu") is None:
-    pytest.skip("libtpu is not installed (pip install 'jax[tpu]')")
-  env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1",
-             PYTHONPATH=os.pathsep.join([jax_child.REPO, os.path.dirname(__file__)]))
-  done = subprocess.run([sys.executable, __file__, json.dumps({"two_slices": True})],
-                        env=env, capture_output=True, text=True, timeout=600, check=False)
-  assert done.returncode == 0, done.stderr[-6000:]
-  result = json.loads(done.stdout.strip().splitlines()[-1])
+  result = _libtpu_child({"two_slices": True})
   base, large = result["base"], result["large"]
   assert base["mesh"] == {"data": 8, "fsdp": 1, "tensor": 1}
   assert large["mesh"] == {"data": 2, "fsdp": 4, "tensor": 1}
@@ -289,14 +278,7 @@ def test_the_packed_train_step_compiles_for_a_v5e_slice_with_its_packed_rows():
   packed example ids): 64 examples at factor 2 are 32 rows, which need less
   memory than 64, and XLA's FLOPs match the packed analytic count as closely
   as the unpacked ones match theirs."""
-  if importlib.util.find_spec("libtpu") is None:
-    pytest.skip("libtpu is not installed (pip install 'jax[tpu]')")
-  env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1",
-             PYTHONPATH=os.pathsep.join([jax_child.REPO, os.path.dirname(__file__)]))
-  done = subprocess.run([sys.executable, __file__, json.dumps({"packed": True})],
-                        env=env, capture_output=True, text=True, timeout=600, check=False)
-  assert done.returncode == 0, done.stderr[-6000:]
-  result = json.loads(done.stdout.strip().splitlines()[-1])
+  result = _libtpu_child({"packed": True})
   plain, packed = result["unpacked"], result["packed"]
   assert (plain["rows"], plain["batch"]) == (64, 64)
   assert (packed["rows"], packed["batch"]) == (32, 64)
