@@ -4,6 +4,7 @@ before anything compiles."""
 
 import os
 
+from absl import app
 import jax
 import numpy as np
 import pytest
@@ -118,6 +119,9 @@ def test_benchmark_compiles_for_the_batch_the_pipeline_yields(dataset, packed):
   if packed:
     with pytest.raises(run_config.ConfigError, match=r"--config\.data\.packing: packs records"):
       benchmark.build(config.copy_and_resolve_references(), jax.devices())
+    # The timed run has unpacked synthetic batches only.
+    with pytest.raises(app.UsageError, match=r"--config\.data\.packing=True: the timed run"):
+      benchmark.run_benchmark(config)
 
 
 BAD = {
