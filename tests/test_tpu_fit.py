@@ -275,13 +275,13 @@ def _packed_compile():
 
 def test_the_packed_train_step_compiles_for_a_v5e_slice_with_its_packed_rows():
   """With data.packing the benchmark compiles the packed step (splash with the
-  packed example ids): 64 examples at factor 2 are 32 rows, which need less
-  memory than 64, and XLA's FLOPs match the packed analytic count as closely
+  packed example ids): 256 examples at factor 2 are 128 rows, which need less
+  memory than 256, and XLA's FLOPs match the packed analytic count as closely
   as the unpacked ones match theirs."""
   result = _libtpu_child({"packed": True})
   plain, packed = result["unpacked"], result["packed"]
-  assert (plain["rows"], plain["batch"]) == (64, 64)
-  assert (packed["rows"], packed["batch"]) == (32, 64)
+  assert (plain["rows"], plain["batch"]) == (256, 256)
+  assert (packed["rows"], packed["batch"]) == (128, 256)
   assert packed["predictions"] == 20 + 3  # max_predictions_per_seq + max_examples_per_row.
   assert plain["attention"] == packed["attention"] == "splash"
   assert plain["fits"] and packed["fits"]
