@@ -16,9 +16,15 @@ compiles for N such slices joined by the data-center network (DCN) and also
 prints the bytes each device sends over the DCN per step, read from the
 compiled program (bertjax/benchmarks/dcn_traffic.py), beside the analytic
 gradient all-reduce.
+With --config.data.packing=True the compile is of the packed train step:
+its batch has the rows, fields and shapes that the input pipeline packs a
+global batch into (run_config.batch_shapes), and --find_max_batch searches
+the packed rows per device. The timed run has no packed synthetic data and
+refuses packing.
 bertjax/benchmarks/tpu_fit_table.py runs this over configs and slices."""
 
 import dataclasses
+import fractions
 import math
 import time
 from typing import NamedTuple
@@ -30,10 +36,10 @@ from ml_collections import config_flags
 
 from bertjax.benchmarks import dcn_traffic
 from bertjax.benchmarks import tpu_topology
+from bertjax.input import packing as packing_lib
 from bertjax.input.synthetic import SyntheticSource
 from bertjax.model import attention
 from bertjax.model.bert import BertForPreTraining
-from bertjax.records import schema
 from bertjax.train import flops
 from bertjax.train import optimizer as opt_lib
 from bertjax.train import profiling
@@ -62,19 +68,21 @@ _FIND_MAX_BATCH = flags.DEFINE_bool(
 
 
 def build(config, devices, *, phase_name: str = "", vocab_size: int = 30522,
-          device_mesh: bool = False):
+          device_mesh: bool = False, compile_only: bool = False):
   """(model config, phase, mesh, rules, model, optimizer) for a run config on `devices`.
 
-  The benchmark reads no files: the data source becomes synthetic. With
-  `device_mesh` the devices are laid out in the given order within each
-  slice (topology devices have no physical layout to optimise for).
+  The benchmark reads no files: the data source becomes synthetic.
+  `compile_only`: the step is compiled, never run, so the config may pack
+  (run_config.validate). With `device_mesh` the devices are laid out in the
+  given order within each slice (topology devices have no physical layout
+  to optimise for).
   """
   config.data.source = "synthetic"
   config.data.demo_dir = ""
   vocab = config.model.vocab_size or vocab_size
   slices, _ = sharding_lib.device_slices(devices, config.mesh)
   model_config = run_config.validate(config, num_devices=len(devices), vocab_size=vocab,
-                                     num_slices=len(slices))
+                                     num_slices=len(slices), compile_only=compile_only)
   plan = run_config.phases(config)
   phase = next((p for p in plan if p.name == phase_name), None) if phase_name else plan[0]
   if phase is None:
@@ -108,7 +116,7 @@ class AotResult:
   device_kind: str
   mesh: dict
   phase: str
-  global_batch_size: int
+  global_batch_size: int  # Examples per step.
   seq_len: int
   attention: str
   compile_seconds: float
@@ -124,6 +132,12 @@ class AotResult:
   num_slices: int = 1  # Slices of `topology` (devices, chips and mesh count all of them).
   dcn: dcn_traffic.DcnTraffic | None = None  # What one device sends over the DCN per step.
   gradient_allreduce_bytes: int = 0  # Analytic DCN bytes per device (dcn_traffic.gradient_allreduce_bytes).
+  packing: packing_lib.Packing | None = None  # The packed rows of the global batch; None: unpacked.
+
+  @property
+  def rows(self) -> int:
+    """Rows of the global batch: its examples, or with packing its packed rows."""
+    return self.global_batch_size if self.packing is None else self.packing.rows
 
   @property
   def total_bytes(self) -> int:
@@ -142,8 +156,9 @@ class AotResult:
 
 
 def flops_as_xla_counts(model_config, seq_len, num_predictions, batch, attention_kernel,
-                        grad_accum_steps=1) -> float:
-  """The analytic FLOPs of what XLA's cost analysis sees of one step.
+                        grad_accum_steps=1, num_examples=1) -> float:
+  """The analytic FLOPs of what XLA's cost analysis sees of one step of `batch`
+  rows (each with `num_examples` [CLS] slots, flops.forward_flops_per_sequence).
 
   XLA counts a loop body once: with scanned layers one of the L - 1 layers
   before the last (which runs outside the loop), with gradient accumulation
@@ -154,7 +169,7 @@ def flops_as_xla_counts(model_config, seq_len, num_predictions, batch, attention
   c = model_config
   if c.scan_layers:
     c = c.replace(num_layers=min(2, c.num_layers))
-  per_seq = flops.train_flops_per_sequence(c, seq_len, num_predictions)
+  per_seq = flops.train_flops_per_sequence(c, seq_len, num_predictions, num_examples)
   if attention_kernel == "splash":
     per_seq -= 3 * (c.num_layers - 1) * seq_len * 2 * 2 * seq_len * c.hidden_size
   return per_seq * batch / grad_accum_steps
@@ -163,12 +178,17 @@ def flops_as_xla_counts(model_config, seq_len, num_predictions, batch, attention
 def aot_compile(config, topology: str, phase_name: str = "",
                 global_batch_size: int | None = None, vocab_size: int = 30522,
                 num_slices: int = 1) -> AotResult:
-  """Compiles the train step ahead of time for `num_slices` slices of a TPU topology (e.g. v5e:2x4)."""
+  """Compiles the train step ahead of time for `num_slices` slices of a TPU topology (e.g. v5e:2x4).
+
+  `global_batch_size` (examples; default the phase's) is packed into
+  global_batch_size / data.packing_factor rows where data.packing is on.
+  """
   devices = tpu_topology.topology_devices(topology, num_slices)
   if global_batch_size:
     config.phases[phase_name or next(iter(config.phases))].global_batch_size = global_batch_size
   model_config, phase, mesh, rules, model, tx = build(
-      config, devices, phase_name=phase_name, vocab_size=vocab_size, device_mesh=True)
+      config, devices, phase_name=phase_name, vocab_size=vocab_size, device_mesh=True,
+      compile_only=True)
   accum = config.optimizer.grad_accum_steps
   kernel, _ = attention.choose(
       model_config.attention_impl, attention_dropout_rate=model_config.attention_dropout_rate,
@@ -176,10 +196,7 @@ def aot_compile(config, topology: str, phase_name: str = "",
       deterministic=False)
   with sharding_lib.mesh_context(mesh, rules):
     abstract_state, shardings = state_lib.abstract_train_state(model, tx, mesh, rules)
-    batch_s = sharding_lib.batch_sharding(mesh)
-    batch = {k: jax.ShapeDtypeStruct(shape, dtype, sharding=batch_s) for k, (shape, dtype)
-             in schema.batch_shapes(phase.global_batch_size, phase.max_seq_length,
-                                    phase.max_predictions_per_seq).items()}
+    batch = batch_specs(config, phase, sharding_lib.batch_sharding(mesh))
     rng = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype,
                                sharding=sharding_lib.replicated(mesh))
     t0 = time.perf_counter()
@@ -187,7 +204,8 @@ def aot_compile(config, topology: str, phase_name: str = "",
     compiled = step_fn.lower(abstract_state, batch, rng).compile()
     seconds = time.perf_counter() - t0
   mem = compiled.memory_analysis()
-  args = (phase.max_seq_length, phase.max_predictions_per_seq)
+  rows, predictions, examples = run_config.row_slots(config, phase)
+  length = phase.max_seq_length
   dcn = dcn_traffic.dcn_traffic(compiled.as_text()) if num_slices > 1 else None
   return AotResult(
       topology=topology, devices=len(devices), chips=_count_chips(devices),
@@ -198,14 +216,21 @@ def aot_compile(config, topology: str, phase_name: str = "",
       unaliased_output_bytes=mem.output_size_in_bytes - mem.alias_size_in_bytes,
       compiled_flops=profiling.compiled_flops(compiled),
       while_loops=profiling.count_loops(compiled) or 0,
-      analytic_flops=flops.train_flops_per_sequence(model_config, *args)
-      * phase.global_batch_size,
-      xla_view_flops=flops_as_xla_counts(model_config, *args, phase.global_batch_size,
-                                         kernel, accum),
+      analytic_flops=flops.train_flops_per_sequence(model_config, length, predictions,
+                                                    examples) * rows,
+      xla_view_flops=flops_as_xla_counts(model_config, length, predictions, rows, kernel,
+                                         accum, examples),
       hbm_bytes=tpu_topology.available_hbm_bytes(topology), num_slices=num_slices,
       dcn=dcn, gradient_allreduce_bytes=dcn_traffic.gradient_allreduce_bytes(
           sum(x.size for x in jax.tree.leaves(abstract_state.params)),
-          len(devices) // num_slices))
+          len(devices) // num_slices), packing=run_config.packed_layout(config, phase))
+
+
+def batch_specs(config, phase: run_config.Phase, sharding) -> dict[str, jax.ShapeDtypeStruct]:
+  """The global batch of `phase` as the input pipeline yields it, as abstract
+  arrays: packed rows and fields where data.packing is on."""
+  return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+          for k, (shape, dtype) in run_config.batch_shapes(config, phase).items()}
 
 
 def _count_chips(devices) -> int:
@@ -218,25 +243,49 @@ MAX_SEARCHED_BATCH = 65536  # Per device; the search stops here.
 BATCH_STEP = 8  # The search's resolution: per-device batches are multiples of this.
 
 
+def _packing_factor(config) -> fractions.Fraction | None:
+  """data.packing_factor as a fraction (None without packing)."""
+  data = config.get("data", {})
+  if not data.get("packing", False):
+    return None
+  return fractions.Fraction(float(data.packing_factor)).limit_denominator(1000)
+
+
+def search_step(config) -> int:
+  """The search's resolution in rows per device: BATCH_STEP, or with packing
+  its least multiple that holds a whole number of examples at
+  data.packing_factor (8 at 1.25, 40 at 1.1)."""
+  factor = _packing_factor(config)
+  return BATCH_STEP if factor is None else math.lcm(BATCH_STEP, factor.denominator)
+
+
+def examples_for_rows(config, rows: int) -> int:
+  """The global batch size (examples) whose step has `rows` rows:
+  rows x data.packing_factor with packing."""
+  factor = _packing_factor(config)
+  return rows if factor is None else int(rows * factor)
+
+
 class MaxBatch(NamedTuple):
-  """find_max_batch's answer: the batch, its compile, and memory per sequence near it."""
-  batch: int  # Largest per-device batch that fits (0: none).
+  """find_max_batch's answer: the batch, its compile, and memory per row near it."""
+  batch: int  # Largest per-device batch that fits, in rows (packed rows with packing; 0: none).
   result: AotResult | None  # The compile at `batch`.
-  bytes_per_item: float | None  # Memory per sequence, from the two compiles nearest it.
+  bytes_per_item: float | None  # Memory per row, from the two compiles nearest it.
 
 
 def find_max_batch(make_config, topology: str, phase_name: str, start: int,
                    log=print, known: AotResult | None = None,
                    per_item_hint: float | None = None, vocab_size: int = 30522,
                    num_slices: int = 1) -> MaxBatch:
-  """Largest per-device batch (a multiple of BATCH_STEP) whose step fits: search over compiles.
+  """Largest per-device batch (a multiple of search_step) whose step fits: search over compiles.
 
   `make_config()` gives a fresh run config (`vocab_size` and `num_slices`
   as in aot_compile; vocab_size is used where its model.vocab_size is 0);
-  the batch per device is per
-  data-parallel device (global batch / (mesh.data x mesh.fsdp)), and the
-  search starts from a compile at `start` (`known`, when that compile is
-  already done). Memory is close to linear in the batch: the first compile
+  the batch per device is the rows of the step per data-parallel device
+  (global batch / (mesh.data x mesh.fsdp); with data.packing, packed rows,
+  each compiled with rows x data.packing_factor examples: examples_for_rows),
+  and the search starts from a compile at `start` (`known`, when that
+  compile is already done). Memory is close to linear in the batch: the first compile
   predicts the answer, from `per_item_hint` (bytes per sequence, e.g. a
   similar search's bytes_per_item) and then the neighbouring batch is
   compiled too, or else as if all but the arguments (parameters and
@@ -250,7 +299,7 @@ def find_max_batch(make_config, topology: str, phase_name: str, start: int,
   (RESOURCE_EXHAUSTED) counts as one that does not fit.
   """
   tried: dict[int, AotResult | None] = {}  # None: the compiler ran out of HBM.
-  step = BATCH_STEP
+  step = search_step(make_config())
 
   def compile_at(per_device: int) -> AotResult | None:
     if per_device not in tried:
@@ -258,7 +307,8 @@ def find_max_batch(make_config, topology: str, phase_name: str, start: int,
       dp = math.prod(sharding_lib.mesh_shape(
           config.mesh, _num_devices(topology, num_slices), num_slices)[:2])
       try:
-        tried[per_device] = aot_compile(config, topology, phase_name, per_device * dp,
+        tried[per_device] = aot_compile(config, topology, phase_name,
+                                        examples_for_rows(config, per_device * dp),
                                         vocab_size=vocab_size, num_slices=num_slices)
         log(f"  per-device batch {per_device}: {_gib(tried[per_device].total_bytes)} -> "
             f"{'fits' if tried[per_device].fits else 'does not fit'}")
@@ -355,7 +405,10 @@ def print_aot(r: AotResult):
   print(f"topology        {slices}{r.topology} ({r.chips} chips, {r.devices} devices, "
         f"{r.device_kind})")
   print(f"mesh            {r.mesh}")
-  print(f"phase           {r.phase}: batch {r.global_batch_size} x {r.seq_len}, "
+  packed = ("" if r.packing is None else
+            f", packed into {r.rows} rows of up to {r.packing.max_examples_per_row} examples "
+            f"and {r.packing.max_predictions_per_row} predictions")
+  print(f"phase           {r.phase}: batch {r.global_batch_size} x {r.seq_len}{packed}, "
         f"attention {r.attention}")
   print(f"compile time    {r.compile_seconds:.1f} s")
   print(f"per device      arguments {_gib(r.argument_bytes)}, temporaries "
@@ -390,11 +443,14 @@ def compile_for_topology(config):
     dp = math.prod(sharding_lib.mesh_shape(
         config.mesh, _num_devices(_TOPOLOGY.value, slices), slices)[:2])
     phase = _PHASE.value or next(iter(config.phases))
+    factor = _packing_factor(config) or 1
     best, result, _ = find_max_batch(lambda: config_copy.copy_and_resolve_references(),
                                      _TOPOLOGY.value, phase,
-                                     config.phases[phase].global_batch_size // dp,
+                                     int(config.phases[phase].global_batch_size / factor) // dp,
                                      vocab_size=_VOCAB.value, num_slices=slices)
-    print(f"largest per-device batch that fits: {best}")
+    packed = ("" if factor == 1 else f" packed rows, {examples_for_rows(config, best)} examples "
+              f"at data.packing_factor={config.data.packing_factor}")
+    print(f"largest per-device batch that fits: {best}{packed}")
     if result is not None:
       print_aot(result)
     return
@@ -403,6 +459,11 @@ def compile_for_topology(config):
 
 
 def run_benchmark(config):
+  if config.data.get("packing", False):
+    raise app.UsageError(
+        "--config.data.packing=True: the timed run has unpacked synthetic batches only; add "
+        "--topology=... to compile the packed step for a TPU slice, or time it on records "
+        "with python -m bertjax.benchmarks.packing_bench")
   devices = jax.devices()
   model_config, phase, mesh, rules, model, tx = build(
       config, devices, phase_name=_PHASE.value, vocab_size=_VOCAB.value)

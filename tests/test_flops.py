@@ -230,3 +230,45 @@ def test_find_max_batch_brackets_the_answer_with_compiles(monkeypatch, fixed, pe
     assert len(compiled) <= (4 if hint in (None, 1.0) else 5), compiled  # A wrong hint: +1.
     if hint == 1.0:  # The right memory per sequence: the start and the two around the answer.
       assert len(compiled) == 3, compiled
+
+
+def test_packed_search_counts_rows_and_compiles_whole_examples(monkeypatch):
+  """With data.packing the search's per-device batch is packed rows, each
+  compile gets rows x packing_factor examples, and its resolution keeps that
+  a whole number."""
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from bertjax import benchmark  # pylint: disable=g-import-not-at-top
+  asked = []
+
+  def fake_compile(config, topology, phase_name, global_batch_size, vocab_size=30522,
+                   num_slices=1):
+    rows = round(global_batch_size / float(config.data.packing_factor))
+    # A whole number of rows, as run_config.validate requires.
+    assert abs(global_batch_size / float(config.data.packing_factor) - rows) < 1e-9
+    asked.append((rows // 8, global_batch_size))
+    gib = 1.0 + 0.05 * rows / 8  # Memory grows with the rows, not the examples.
+    return benchmark.AotResult(
+        topology=topology, devices=8, chips=8, device_kind="TPU v5 lite", mesh={"data": 8},
+        phase=phase_name, global_batch_size=global_batch_size, seq_len=128,
+        attention="splash", compile_seconds=1.0, argument_bytes=0,
+        temp_bytes=int(gib * 2**30), unaliased_output_bytes=0, compiled_flops=None,
+        analytic_flops=1.0, xla_view_flops=1.0, hbm_bytes=16 * 2**30)
+
+  monkeypatch.setattr(benchmark, "aot_compile", fake_compile)
+  monkeypatch.setattr(benchmark, "_num_devices", lambda topology, num_slices=1: 8)
+  for factor, step in ((1.25, 8), (2.0, 8), (1.1, 40)):
+    config = lambda: ml_collections.ConfigDict(  # pylint: disable=cell-var-from-loop
+        {"mesh": {"data": -1, "fsdp": 1, "tensor": 1},
+         "data": {"packing": True, "packing_factor": factor}})
+    assert benchmark.search_step(config()) == step
+    asked.clear()
+    best, result, per_row = benchmark.find_max_batch(config, "v5e:2x4", "seq128", 32,
+                                                     log=lambda m: None)
+    fits = lambda n: 1.0 + 0.05 * n <= 16.0
+    assert best % step == 0 and fits(best) and not fits(best + step), (factor, best)
+    assert result.global_batch_size == round(best * 8 * factor)
+    assert per_row == pytest.approx(0.05 * 2**30, rel=1e-6)
+    assert all(examples == round(rows * 8 * factor) for rows, examples in asked)
+  unpacked = ml_collections.ConfigDict({"data": {"packing": False, "packing_factor": 1.1}})
+  assert benchmark.search_step(unpacked) == benchmark.BATCH_STEP
+  assert benchmark.examples_for_rows(unpacked, 24) == 24

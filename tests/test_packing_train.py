@@ -4,13 +4,18 @@ before anything compiles."""
 
 import os
 
+from absl import app
+import jax
 import numpy as np
 import pytest
 
+from bertjax import benchmark
+from bertjax.records import schema
+from bertjax.train import flops
 from bertjax.train import loop
 from bertjax.train import run_config
 from test_packing_pipeline import P, dataset  # pylint: disable=unused-import
-from test_train import forbid_building_state, tiny_config
+from test_train import forbid_building_state, losses, tiny_config
 
 STEPS = 3
 
@@ -39,6 +44,84 @@ def test_packed_run_equals_the_unpacked_run(dataset, tmp_path):
   for k in ("loss", "mlm_loss", "nsp_loss", "mlm_accuracy", "nsp_accuracy"):
     np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-6, err_msg=k)
   assert packed["data"]["packing_overflow"] == 0
+
+
+def _fed_real_tokens(monkeypatch) -> list[int]:
+  """The sum of input_mask of each host batch the training source hands out, in order."""
+  fed, make_source = [], loop._train_source  # pylint: disable=protected-access
+
+  def recording(config, phase, model_config):
+    source = make_source(config, phase, model_config)
+    iterate = source.iterate
+
+    def recorded(start):
+      for batch in iterate(start):
+        fed.append(int(batch["input_mask"].sum()))
+        yield batch
+    source.iterate = recorded
+    return source
+  monkeypatch.setattr(loop, "_train_source", recording)
+  return fed
+
+
+def test_logged_real_tokens_are_the_fed_batches_input_mask(dataset, tmp_path, monkeypatch):
+  """train/real_tokens is each step's sum of input_mask; in the same 8 rows of 32
+  tokens, packed steps (16 examples, factor 2) hold more of them than unpacked
+  steps (8 examples), while tokens_per_second counts the slots of 16 and 8 rows.
+  MFU counts the FLOPs of the rows computed: 8 either way, packed ones with 3
+  [CLS] and P + 3 masked-LM slots."""
+  real, slots = {}, {}
+  for name, overrides in (("plain", {}), ("packed", {"data.packing": True})):
+    fed = _fed_real_tokens(monkeypatch)
+    config = config_on(dataset, **{"logging.every_steps": 1, "logging.peak_tflops": 1.0,
+                                   **overrides})
+    config.phases.seq32.update(eval_files="",
+                               global_batch_size=16 if overrides else 8)
+    loop.train_and_evaluate(config, str(tmp_path / name))
+    real[name] = losses(tmp_path / name, tag="train/real_tokens")
+    tokens = losses(tmp_path / name, tag="train/tokens_per_second")
+    step_time = losses(tmp_path / name, tag="train/step_time")
+    slots[name] = {s: tokens[s] * step_time[s] for s in tokens}
+    # The source reads ahead of the steps (prefetch): its first batches are theirs.
+    assert real[name] == {s: float(fed[s - 1]) for s in range(1, STEPS + 1)}, name
+    rate = losses(tmp_path / name, tag="train/real_tokens_per_second")
+    # One step a window: the rate over the window is the step's tokens over its time.
+    assert {s: rate[s] * step_time[s] for s in rate} == pytest.approx(real[name], rel=1e-5)
+    model_flops = 8 * flops.train_flops_per_sequence(
+        run_config.validate(config), 32, *((P + 3, 3) if overrides else (P, 1)))
+    mfu = losses(tmp_path / name, tag="train/mfu")
+    assert {s: mfu[s] * step_time[s] * 1e12 for s in mfu} == pytest.approx(
+        dict.fromkeys(range(1, STEPS + 1), model_flops), rel=1e-5)
+  assert all(real["packed"][s] > real["plain"][s] for s in range(1, STEPS + 1)), real
+  assert all(real["packed"][s] <= 8 * 32 for s in real["packed"])
+  for s in range(1, STEPS + 1):
+    assert slots["plain"][s] == pytest.approx(8 * 32, rel=1e-4)
+    assert slots["packed"][s] == pytest.approx(16 * 32, rel=1e-4)
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_benchmark_compiles_for_the_batch_the_pipeline_yields(dataset, packed):
+  """bertjax.benchmark's abstract batch has the fields, shapes and dtypes of the
+  training pipeline's batch: with packing 16 examples / 1.6 = 10 rows."""
+  overrides = {"data.packing": True, "data.packing_factor": 1.6} if packed else {}
+  config = config_on(dataset, **overrides)
+  model_config = run_config.validate(config)
+  phase = run_config.phases(config)[0]
+  batch = next(loop._train_source(config, phase, model_config).iterate(0))  # pylint: disable=protected-access
+  specs = benchmark.batch_specs(config, phase, None)
+  assert ({k: (v.shape, np.dtype(v.dtype)) for k, v in specs.items()}
+          == {k: (v.shape, v.dtype) for k, v in batch.items()})
+  assert specs["input_ids"].shape == ((10, 32) if packed else (16, 32))
+  assert set(schema.PACKED_KEYS) & set(specs) == (set(schema.PACKED_KEYS) if packed else set())
+  # The benchmark reads no records: it compiles for packed shapes on synthetic
+  # data, which a training run refuses.
+  benchmark.build(config.copy_and_resolve_references(), jax.devices(), compile_only=True)
+  if packed:
+    with pytest.raises(run_config.ConfigError, match=r"--config\.data\.packing: packs records"):
+      benchmark.build(config.copy_and_resolve_references(), jax.devices())
+    # The timed run has unpacked synthetic batches only.
+    with pytest.raises(app.UsageError, match=r"--config\.data\.packing=True: the timed run"):
+      benchmark.run_benchmark(config)
 
 
 BAD = {

@@ -148,26 +148,32 @@ def _child(payload):
     return _finetune_child(payload["finetune"])
   if "two_slices" in payload:
     return _two_slice_compile()
+  if "packed" in payload:
+    return _packed_compile()
   return {name: {"devices": len(tpu_topology.topology_devices(name)),
                  "chips": benchmark._count_chips(tpu_topology.topology_devices(name)),  # pylint: disable=protected-access
                  "available_gib": tpu_topology.available_hbm_bytes(name) / GIB}
           for name in payload["topologies"]}
 
 
-def test_libtpu_reports_available_hbm_per_chip():
-  spec = importlib.util.find_spec("libtpu")
-  if spec is None:
+def _libtpu_child(payload, timeout=600):
+  """_child(payload)'s result from this file run with libtpu on JAX_PLATFORMS=cpu;
+  skips where libtpu is not installed (`pip install "jax[tpu]"`)."""
+  if importlib.util.find_spec("libtpu") is None:
     pytest.skip("libtpu is not installed (pip install 'jax[tpu]')")
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              PYTHONPATH=os.pathsep.join([jax_child.REPO, os.path.dirname(__file__)]),
              # Compiles only: leave libtpu's one-process lock to tests that
              # may run beside this one.
              ALLOW_MULTIPLE_LIBTPU_LOAD="1")
-  done = subprocess.run(
-      [sys.executable, __file__, json.dumps({"topologies": ["v4:2x2x1", "v5e:2x4"]})],
-      env=env, capture_output=True, text=True, timeout=300, check=False)
+  done = subprocess.run([sys.executable, __file__, json.dumps(payload)], env=env,
+                        capture_output=True, text=True, timeout=timeout, check=False)
   assert done.returncode == 0, done.stderr[-6000:]
-  result = json.loads(done.stdout.strip().splitlines()[-1])
+  return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_libtpu_reports_available_hbm_per_chip():
+  result = _libtpu_child({"topologies": ["v4:2x2x1", "v5e:2x4"]}, timeout=300)
   v4, v5e = result["v4:2x2x1"], result["v5e:2x4"]
   assert v4["devices"] == v4["chips"] == 4, v4  # One megacore device per v4 chip.
   # A v4 device has (most of) the chip's 32 GiB, not half of it.
@@ -197,15 +203,7 @@ def _finetune_child(accums):
 def test_accumulation_shrinks_a_fine_tuning_steps_temporaries_on_one_v5e_chip():
   """The check behind docs/finetuning-runs.md's BERT-LARGE SQuAD v2.0 figures, on a
   small model: the same step at 1 and 4 micro-batches."""
-  spec = importlib.util.find_spec("libtpu")
-  if spec is None:
-    pytest.skip("libtpu is not installed (pip install 'jax[tpu]')")
-  env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1",
-             PYTHONPATH=os.pathsep.join([jax_child.REPO, os.path.dirname(__file__)]))
-  done = subprocess.run([sys.executable, __file__, json.dumps({"finetune": [1, 4]})],
-                        env=env, capture_output=True, text=True, timeout=600, check=False)
-  assert done.returncode == 0, done.stderr[-6000:]
-  result = json.loads(done.stdout.strip().splitlines()[-1])
+  result = _libtpu_child({"finetune": [1, 4]})
   one, four = result["1"], result["4"]
   assert one["batch"] == four["batch"] == 48
   assert one["fits"] and four["fits"]
@@ -239,14 +237,7 @@ def _two_slice_compile():
 
 
 def test_a_two_slice_topology_compiles_with_data_parallelism_across_slices():
-  if importlib.util.find_spec("libtpu") is None:
-    pytest.skip("libtpu is not installed (pip install 'jax[tpu]')")
-  env = dict(os.environ, JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1",
-             PYTHONPATH=os.pathsep.join([jax_child.REPO, os.path.dirname(__file__)]))
-  done = subprocess.run([sys.executable, __file__, json.dumps({"two_slices": True})],
-                        env=env, capture_output=True, text=True, timeout=600, check=False)
-  assert done.returncode == 0, done.stderr[-6000:]
-  result = json.loads(done.stdout.strip().splitlines()[-1])
+  result = _libtpu_child({"two_slices": True})
   base, large = result["base"], result["large"]
   assert base["mesh"] == {"data": 8, "fsdp": 1, "tensor": 1}
   assert large["mesh"] == {"data": 2, "fsdp": 4, "tensor": 1}
@@ -260,6 +251,45 @@ def test_a_two_slice_topology_compiles_with_data_parallelism_across_slices():
   # LARGE: each data row (a replica of FSDP shards) lies in one slice.
   assert large["data_rows"] == [[0], [1]]
   assert base["data_rows"] == [[0]] * 4 + [[1]] * 4
+
+
+def _packed_compile():
+  """A small BERT's train step compiled for v5e:2x2 at length 128, unpacked and packed."""
+  sys.path.insert(0, os.path.join(jax_child.REPO, "configs"))
+  import base  # pylint: disable=g-import-not-at-top
+  out = {}
+  for packed in (False, True):
+    config = base.get_config()
+    config.model.update(vocab_size=512, hidden_size=64, num_layers=3, num_heads=4,
+                        intermediate_size=128, attention_dropout_rate=0.0)
+    config.phases.seq128.global_batch_size = 256
+    config.data.update(packing=packed, packing_factor=2.0)
+    r = benchmark.aot_compile(config, "v5e:2x2", "seq128")
+    out["packed" if packed else "unpacked"] = dict(
+        rows=r.rows, batch=r.global_batch_size, attention=r.attention, fits=r.fits,
+        temp=r.temp_bytes, xla=r.compiled_flops * r.devices, xla_view=r.xla_view_flops,
+        analytic=r.analytic_flops,
+        predictions=r.packing.max_predictions_per_row if r.packing else None)
+  return out
+
+
+def test_the_packed_train_step_compiles_for_a_v5e_slice_with_its_packed_rows():
+  """With data.packing the benchmark compiles the packed step (splash with the
+  packed example ids): 256 examples at factor 2 are 128 rows, which need less
+  memory than 256, and XLA's FLOPs match the packed analytic count as closely
+  as the unpacked ones match theirs."""
+  result = _libtpu_child({"packed": True})
+  plain, packed = result["unpacked"], result["packed"]
+  assert (plain["rows"], plain["batch"]) == (256, 256)
+  assert (packed["rows"], packed["batch"]) == (128, 256)
+  assert packed["predictions"] == 20 + 3  # max_predictions_per_seq + max_examples_per_row.
+  assert plain["attention"] == packed["attention"] == "splash"
+  assert plain["fits"] and packed["fits"]
+  assert packed["temp"] < 0.8 * plain["temp"], result
+  # Half the rows, each with 3 [CLS] slots and 23 predictions instead of 1 and 20.
+  assert 0.5 * plain["analytic"] < packed["analytic"] < 0.6 * plain["analytic"], result
+  ratio = lambda r: r["xla"] / r["xla_view"]
+  assert abs(ratio(packed) - ratio(plain)) < 0.05 * ratio(plain), result
 
 
 if __name__ == "__main__":

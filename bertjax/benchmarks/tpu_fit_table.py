@@ -181,9 +181,9 @@ def main():
             continue
           max_batch = None
           if args.find_max_batch:
-            dp = result.global_batch_size // max(1, result.mesh["data"] * result.mesh["fsdp"])
+            per_device = result.rows // max(1, result.mesh["data"] * result.mesh["fsdp"])
             max_batch, _, found = benchmark.find_max_batch(
-                make, topology, phase, dp, log=lambda m: print(m, file=sys.stderr),
+                make, topology, phase, per_device, log=lambda m: print(m, file=sys.stderr),
                 known=result, per_item_hint=per_item, num_slices=num_slices)
             per_item = found or per_item
           print(row(config_name, slice_name, result, max_batch), flush=True)

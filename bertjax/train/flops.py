@@ -6,12 +6,14 @@ not hardware utilisation):
 
   per token, per layer  2 x (4 D^2 + 2 D F)     Q, K, V, output; feed-forward
   attention, per token  2 x 2 x L x D           Q K^T and probabilities x V
-  per sequence          2 x D^2 + 2 x 2 D       pooler and NSP classifier
+  per example           2 x D^2 + 2 x 2 D       pooler and NSP classifier
   per masked position   2 x (D^2 + D V)         MLM transform and tied decoder
 
-The last layer computes its output only where the losses read it, at [CLS]
-and the P masked positions: there K and V are counted for all L tokens and
-the rest for P + 1. The decoder runs only at the P masked positions, never
+A sequence is one row of L tokens; a packed row (bertjax/input/packing.py)
+holds E examples, one [CLS] each, where an unpacked row holds one. The last
+layer computes its output only where the losses read it, at [CLS] and the P
+masked positions: there K and V are counted for all L tokens and the rest
+for P + E. The decoder runs only at the P masked positions, never
 at all L tokens, and over the padded vocab (model.padded_vocab_size), since
 that is what the matmul computes.
 """
@@ -68,25 +70,32 @@ def peak_tflops(device_kind: str) -> float | None:
   return _lookup(PEAK_TFLOPS, device_kind)
 
 
-def forward_flops_per_sequence(c: BertConfig, seq_len: int, num_predictions: int) -> float:
+def forward_flops_per_sequence(c: BertConfig, seq_len: int, num_predictions: int,
+                               num_examples: int = 1) -> float:
+  """Forward FLOPs of one row with `num_examples` [CLS] slots (1 unless packed)."""
   d, f, v = c.hidden_size, c.intermediate_size, c.padded_vocab_size
   per_query = 2 * (2 * d * d + 2 * d * f) + 2 * 2 * seq_len * d  # Q, output, FFN, attention
   per_token_layer = per_query + 2 * 2 * d * d  # and K, V
-  last = seq_len * 2 * 2 * d * d + (num_predictions + 1) * per_query
+  last = seq_len * 2 * 2 * d * d + (num_predictions + num_examples) * per_query
   encoder = (c.num_layers - 1) * seq_len * per_token_layer + last
-  heads = 2 * d * d + 2 * 2 * d + num_predictions * 2 * (d * d + d * v)
+  heads = num_examples * (2 * d * d + 2 * 2 * d) + num_predictions * 2 * (d * d + d * v)
   return float(encoder + heads)
 
 
-def train_flops_per_sequence(c: BertConfig, seq_len: int, num_predictions: int) -> float:
-  """FLOPs of forward and backward for one sequence."""
-  return 3.0 * forward_flops_per_sequence(c, seq_len, num_predictions)
+def train_flops_per_sequence(c: BertConfig, seq_len: int, num_predictions: int,
+                             num_examples: int = 1) -> float:
+  """FLOPs of forward and backward for one row (see forward_flops_per_sequence)."""
+  return 3.0 * forward_flops_per_sequence(c, seq_len, num_predictions, num_examples)
 
 
 def mfu(c: BertConfig, seq_len: int, num_predictions: int, sequences_per_second: float,
-        num_chips: int, peak_tflops_per_chip: float | None) -> float | None:
-  """Achieved model FLOP/s over the peak of all chips; None when the peak is unknown."""
+        num_chips: int, peak_tflops_per_chip: float | None, num_examples: int = 1) -> float | None:
+  """Achieved model FLOP/s over the peak of all chips; None when the peak is unknown.
+
+  `sequences_per_second` counts rows (packed rows with packing), each with
+  `num_examples` [CLS] slots."""
   if not peak_tflops_per_chip:
     return None
-  achieved = train_flops_per_sequence(c, seq_len, num_predictions) * sequences_per_second
+  achieved = (train_flops_per_sequence(c, seq_len, num_predictions, num_examples)
+              * sequences_per_second)
   return achieved / (num_chips * peak_tflops_per_chip * 1e12)

@@ -7,6 +7,12 @@ waits for; an async save writes on in the background) and held-out
 evaluation is measured apart (RunClock) and left out of them, and reported
 on its own. Goodput is the share of this process's wall time spent in
 training steps (their input waits and the first step's compile included).
+
+Two token rates: tokens_per_second is sequences_per_second (steps/s x
+global_batch_size) x max_seq_length, the token slots of that many unpacked
+rows, padding included, packed or not; real_tokens_per_second counts the
+tokens the steps actually processed, the sum of input_mask over each global
+batch (train_step's real_tokens metric), so it shows what packing gains.
 """
 
 import contextlib
@@ -89,7 +95,8 @@ class MetricLogger:
   def log_train(self, step: int, phase, host_metrics: list[dict[str, float]],
                 learning_rate: float, data_stats: Optional[dict[str, int]] = None,
                 compiled_step_flops: Optional[float] = None,
-                nonfinite: Optional[dict[str, int]] = None) -> dict[str, float]:
+                nonfinite: Optional[dict[str, int]] = None,
+                row_slots: Optional[tuple[int, int, int]] = None) -> dict[str, float]:
     """Averages the window's metrics, adds rates, prints and writes them.
 
     The averages are over the window's finite steps (over all of them when
@@ -98,7 +105,9 @@ class MetricLogger:
     skipped steps in all and in a row) under train/. `mfu` is always from
     the analytic model FLOPs; `hfu` from `compiled_step_flops` (XLA's count
     per device, recomputation included) where XLA counts the whole step, and
-    absent otherwise (profiling.utilisation).
+    absent otherwise (profiling.utilisation). `row_slots` is what the step
+    computes on (run_config.row_slots: rows, masked-LM and [CLS] slots per
+    row; packed rows differ from the phase's); None: the phase's, unpacked.
     """
     now = time.perf_counter()
     steps = step - self._step0
@@ -111,12 +120,15 @@ class MetricLogger:
     m.update(learning_rate=learning_rate, step_time=1.0 / max(steps_per_s, 1e-9),
              sequences_per_second=seqs,
              tokens_per_second=seqs * phase.max_seq_length, goodput=self.clock.goodput())
+    m.update(real_token_rates(host_metrics, seconds))
+    rows, predictions, examples = row_slots or (
+        phase.global_batch_size, phase.max_predictions_per_seq, 1)
     m.update(profiling.utilisation(
         step_seconds=seconds / max(steps, 1), num_chips=self.num_chips,
         peak_tflops_per_chip=self.peak, model_config=self.model_config,
-        seq_len=phase.max_seq_length, num_predictions=phase.max_predictions_per_seq,
-        global_batch_size=phase.global_batch_size, compiled_step_flops=compiled_step_flops,
-        grad_accum_steps=self.grad_accum_steps))
+        seq_len=phase.max_seq_length, num_predictions=predictions, global_batch_size=rows,
+        compiled_step_flops=compiled_step_flops, grad_accum_steps=self.grad_accum_steps,
+        num_examples=examples))
     m.update(nonfinite or {})
     eta = (self.total_steps - step) / max(steps_per_s, 1e-9)
     percent = lambda k: f"{100 * m[k]:.1f}%" if k in m else "n/a"
@@ -124,9 +136,12 @@ class MetricLogger:
                if m.get("skipped_steps") else "")
     logging.info(
         "step %d/%d [%s] loss %.4f  mlm_acc %.4f  nsp_acc %.4f  lr %.3g  "
-        "%.1f seq/s  MFU %s  HFU %s  goodput %.1f%% (checkpoints %.1fs, eval %.1fs)  ETA %s%s",
+        "%.1f seq/s  %s real tok/s  MFU %s  HFU %s  goodput %.1f%% (checkpoints %.1fs, "
+        "eval %.1fs)  ETA %s%s",
         step, self.total_steps, phase.name, m["loss"], m["mlm_accuracy"],
-        m["nsp_accuracy"], learning_rate, seqs, percent("mfu"), percent("hfu"),
+        m["nsp_accuracy"], learning_rate, seqs,
+        f"{m['real_tokens_per_second']:.0f}" if "real_tokens_per_second" in m else "n/a",
+        percent("mfu"), percent("hfu"),
         100 * m["goodput"], self.clock.seconds["checkpoint"], self.clock.seconds["eval"],
         _duration(eta), skipped)
     self.write(step, m, prefix="train")
@@ -157,6 +172,18 @@ def window_means(host_metrics: list[dict[str, float]]) -> dict[str, float]:
   """
   finite = [x for x in host_metrics if bool(x.get("finite", True))] or host_metrics
   return {k: float(np.mean([x[k] for x in finite])) for k in finite[0] if k != "finite"}
+
+
+def real_token_rates(host_metrics: list[dict[str, float]], seconds: float) -> dict[str, float]:
+  """real_tokens (mean per step) and real_tokens_per_second of a logging window.
+
+  Every step of the window counts, skipped ones too: their tokens went
+  through the devices as well. Empty when the steps count no real_tokens.
+  """
+  real = [float(x["real_tokens"]) for x in host_metrics if "real_tokens" in x]
+  if not real:
+    return {}
+  return {"real_tokens": float(np.mean(real)), "real_tokens_per_second": sum(real) / seconds}
 
 
 def _duration(seconds: float) -> str:

@@ -157,11 +157,13 @@ def complete_count(model_config: BertConfig, grad_accum_steps: int) -> bool:
 def utilisation(*, step_seconds: float, num_chips: int, peak_tflops_per_chip: float | None,
                 model_config: BertConfig, seq_len: int, num_predictions: int,
                 global_batch_size: int, compiled_step_flops: float | None = None,
-                grad_accum_steps: int = 1) -> dict[str, float]:
+                grad_accum_steps: int = 1, num_examples: int = 1) -> dict[str, float]:
   """Achieved over peak FLOP/s: {"mfu": ..., "hfu": ...}, each where it is known.
 
   "mfu", model FLOPs utilisation: bertjax's analytic count of the global
-  batch (flops.mfu). "hfu", hardware FLOPs utilisation: compiled_step_flops
+  batch (flops.mfu) of `global_batch_size` rows, each with `num_predictions`
+  masked-LM and `num_examples` [CLS] slots (packed rows hold several
+  examples: run_config.row_slots). "hfu", hardware FLOPs utilisation: compiled_step_flops
   (XLA's count per device, whole_step_flops: None where the program has
   loops), only where it is given and the config has no scanned loops
   (complete_count). Empty when the chip's peak is unknown (e.g. CPU).
@@ -170,7 +172,7 @@ def utilisation(*, step_seconds: float, num_chips: int, peak_tflops_per_chip: fl
     return {}
   sequences_per_second = global_batch_size / step_seconds
   out = {"mfu": flops_lib.mfu(model_config, seq_len, num_predictions, sequences_per_second,
-                              num_chips, peak_tflops_per_chip)}
+                              num_chips, peak_tflops_per_chip, num_examples)}
   if compiled_step_flops and complete_count(model_config, grad_accum_steps):
     out["hfu"] = compiled_step_flops / step_seconds / (peak_tflops_per_chip * 1e12)
   return out

@@ -13,6 +13,7 @@ import ml_collections
 from bertjax.input import packing as packing_lib
 from bertjax.model import attention
 from bertjax.model.config import BertConfig
+from bertjax.records import schema
 from bertjax.records.schema import OBJECTIVES
 from bertjax.train import sharding as sharding_lib
 from bertjax.train.optimizer import SCHEDULES, phase_boundaries
@@ -159,13 +160,47 @@ def packing_options(config: ml_collections.ConfigDict, phase: Phase) -> Optional
           "chunk_steps": int(data.packing_chunk_steps)}
 
 
+def packed_layout(config: ml_collections.ConfigDict, phase: Phase
+                  ) -> Optional[packing_lib.Packing]:
+  """The rows of `phase`'s global batch and what each holds, as the input
+  pipeline packs them (packing.from_options over all hosts together); None
+  when data.packing is off."""
+  options = packing_options(config, phase)
+  if options is None:
+    return None
+  return packing_lib.from_options(options, process_count=1,
+                                  max_seq_length=phase.max_seq_length,
+                                  max_predictions_per_seq=phase.max_predictions_per_seq)
+
+
+def batch_shapes(config: ml_collections.ConfigDict, phase: Phase
+                 ) -> dict[str, tuple[tuple[int, ...], type]]:
+  """Shapes and numpy dtypes of `phase`'s global batch as the input pipeline
+  yields it: schema.batch_shapes, or with data.packing packing.packed_batch_shapes."""
+  layout = packed_layout(config, phase)
+  if layout is None:
+    return schema.batch_shapes(phase.global_batch_size, phase.max_seq_length,
+                               phase.max_predictions_per_seq)
+  return packing_lib.packed_batch_shapes(layout)
+
+
+def row_slots(config: ml_collections.ConfigDict, phase: Phase) -> tuple[int, int, int]:
+  """(rows, masked-LM slots per row, [CLS] slots per row) of `phase`'s global
+  batch: what each train step computes on (flops.train_flops_per_sequence);
+  packed rows hold several examples each."""
+  layout = packed_layout(config, phase)
+  if layout is None:
+    return phase.global_batch_size, phase.max_predictions_per_seq, 1
+  return layout.rows, layout.max_predictions_per_row, layout.max_examples_per_row
+
+
 def _check_packing(config, model: BertConfig, plan: list[Phase], dp: Optional[int],
-                   process_count: int):
+                   process_count: int, compile_only: bool):
   """Refuses packing settings that the data, the model or the mesh cannot take."""
   data = config.data
   if not data.packing:
     return
-  if data.source != "tfrecord":
+  if data.source != "tfrecord" and not compile_only:
     _fail("data.packing", f"packs records as they are read; data.source={data.source!r} "
           "reads none: set data.source='tfrecord' or data.packing=False")
   if model.attention_impl == "cudnn":
@@ -203,8 +238,12 @@ def _check_packing(config, model: BertConfig, plan: list[Phase], dp: Optional[in
 
 def validate(config: ml_collections.ConfigDict, *, num_devices: Optional[int] = None,
              process_count: int = 1, vocab_size: Optional[int] = None,
-             platform: Optional[str] = None, num_slices: int = 1) -> BertConfig:
+             platform: Optional[str] = None, num_slices: int = 1,
+             compile_only: bool = False) -> BertConfig:
   """Raises ConfigError naming the field; returns the model config.
+
+  `compile_only`: the steps are compiled for the batches' shapes but fed no
+  records (bertjax.benchmark), so packing needs no record source.
 
   `num_devices` (in `num_slices` slices) resolves a -1 in config.mesh;
   without it the checks that need the mesh's sizes take only the sizes the
@@ -285,5 +324,5 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: Optional[int] = 
     if needs_files and not p.train_files:
       _fail(f"{f}.train_files", "is empty: give a glob of TFRecords, or set "
             "data.source=synthetic or data.demo_dir")
-  _check_packing(config, model, phases(config), dp, process_count)
+  _check_packing(config, model, phases(config), dp, process_count, compile_only)
   return model

@@ -15,7 +15,9 @@ add up to the gradient of the whole batch (up to float rounding, and with
 each micro-batch drawing its own dropout): every micro-batch loss is divided
 by the whole batch's weight totals. Packed batches (schema.PACKED_KEYS
 present) carry next_sentence_labels and weights per packed example, [B, K]:
-the sums run over every example either way.
+the sums run over every example either way. train_step's metrics also count
+the batch's real tokens (`real_tokens`, the sum of input_mask over the
+global batch), packed or not, for the logged real-token throughput.
 """
 
 import functools
@@ -110,7 +112,8 @@ def train_step(state: TrainState, batch: Batch, rng, *, grad_accum_steps: int = 
 
   grads, sums = accumulate_gradients(loss_fn, state.params, batch, step_rng,
                                      grad_accum_steps)
-  return apply_gradients(state, grads, _summarise(sums))
+  real_tokens = jnp.sum(batch["input_mask"] > 0, dtype=jnp.int32)
+  return apply_gradients(state, grads, dict(_summarise(sums), real_tokens=real_tokens))
 
 
 def accumulate_gradients(loss_fn, params, batch: Batch, rng, grad_accum_steps: int):

@@ -143,7 +143,8 @@ class Trainer:
                           float(self.run.schedule(max(applied - 1, 0))),
                           data_stats=sum_over_hosts(source_stats(source)),
                           compiled_step_flops=self._step_flops.get(phase.name),
-                          nonfinite=self.metrics.counts())
+                          nonfinite=self.metrics.counts(),
+                          row_slots=run_config.row_slots(self.run.config, phase))
 
   def _periodic(self, phase):
     config = self.run.config
