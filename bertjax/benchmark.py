@@ -276,8 +276,8 @@ class MaxBatch(NamedTuple):
 def find_max_batch(make_config, topology: str, phase_name: str, start: int,
                    log=print, known: AotResult | None = None,
                    per_item_hint: float | None = None, vocab_size: int = 30522,
-                   num_slices: int = 1) -> MaxBatch:
-  """Largest per-device batch (a multiple of search_step) whose step fits: search over compiles.
+                   num_slices: int = 1, guess: int | None = None) -> MaxBatch:
+  """Largest per-device batch (a multiple of search_step) that fits: search over compiles.
 
   `make_config()` gives a fresh run config (`vocab_size` and `num_slices`
   as in aot_compile; vocab_size is used where its model.vocab_size is 0);
@@ -289,14 +289,18 @@ def find_max_batch(make_config, topology: str, phase_name: str, start: int,
   predicts the answer, from `per_item_hint` (bytes per sequence, e.g. a
   similar search's bytes_per_item) and then the neighbouring batch is
   compiled too, or else as if all but the arguments (parameters and
-  optimizer state) grew with the batch. A compile at that prediction fits a
-  line, the line predicts again and compiles around the prediction confirm
-  it. The answer is always bracketed by a compile that fits and one
-  (BATCH_STEP larger) that does not; where the predictions were off, the
-  bracket narrows by interpolating between its ends (bisecting when that
-  did not halve it). The hint changes how many compiles that takes, not
-  the answer. A compile that the compiler itself stops for lack of HBM
-  (RESOURCE_EXHAUSTED) counts as one that does not fit.
+  optimizer state) grew with the batch. A `guess` (a per-device batch, e.g.
+  the answer of a search of the same config and phase on one slice) takes
+  the place of that prediction, neighbour included: a right guess costs two
+  compiles beyond `known` (one when it is `start`). A compile at that
+  prediction fits a line, the line predicts again and compiles around the
+  prediction confirm it. The answer is always bracketed by a compile that
+  fits and one (search_step larger) that does not; where the predictions
+  were off, the bracket narrows by interpolating between its ends
+  (bisecting when that did not halve it). The hint and the guess change how
+  many compiles that takes, not the answer. A compile that the compiler
+  itself stops for lack of HBM (RESOURCE_EXHAUSTED) counts as one that does
+  not fit.
   """
   tried: dict[int, AotResult | None] = {}  # None: the compiler ran out of HBM.
   step = search_step(make_config())
@@ -336,16 +340,18 @@ def find_max_batch(make_config, topology: str, phase_name: str, start: int,
     return MaxBatch(0, None, None)
   hbm = ra.hbm_bytes
   growing = ra.total_bytes - ra.argument_bytes
-  if per_item_hint:
+  if guess:
+    b = to_batch(guess)
+  elif per_item_hint:
     b = to_batch(a + (hbm - ra.total_bytes) / per_item_hint)
   else:
     b = to_batch(a * (hbm - ra.argument_bytes) / growing) if growing > 0 else 2 * a
   if b == a:
-    b = a + step if ra.fits else max(step, a // 2 // step * step)
+    b = a + step if ra.fits else max(step, a - step if guess else a // 2 // step * step)
   if b == a:  # a == step and it does not fit.
     return MaxBatch(0, None, None)
   rb = compile_at(b)
-  if per_item_hint:  # A hinted guess is usually within a step: try its neighbour.
+  if guess or per_item_hint:  # An informed guess is usually within a step: try its neighbour.
     neighbour = b + step if fits(b) else b - step
     if neighbour >= step:
       compile_at(neighbour)

@@ -170,6 +170,35 @@ def test_loops_in_the_compiled_program_disqualify_its_flop_count():
   assert profiling.compiled_flops(looped) > 0  # XLA's count exists, but of one trip.
 
 
+def _fake_aot_compile(compiled, gib_at, hbm, refuse_over=None, slices=1):
+  """Stands for benchmark.aot_compile on 8 devices: `gib_at(per-device batch)` GiB per device.
+
+  Appends each compiled per-device batch to `compiled`; above `refuse_over`
+  GiB it raises the compiler's RESOURCE_EXHAUSTED.
+  """
+  from bertjax import benchmark  # pylint: disable=g-import-not-at-top
+
+  def fake_compile(config, topology, phase_name, global_batch_size, vocab_size=6000,
+                   num_slices=1):
+    assert num_slices == slices  # The search passes its slices on ...
+    assert vocab_size == 6000  # ... and its vocab size, to every compile.
+    per_device = global_batch_size // 8
+    compiled.append(per_device)
+    gib = gib_at(per_device)
+    if refuse_over is not None and gib > refuse_over:
+      raise jax.errors.JaxRuntimeError(
+          f"RESOURCE_EXHAUSTED: Ran out of memory on HBM ({gib:.2f}G of {refuse_over}G)")
+    return benchmark.AotResult(
+        topology=topology, devices=8, chips=8, device_kind="TPU v5 lite", mesh={"data": 8},
+        phase=phase_name, global_batch_size=global_batch_size, seq_len=128,
+        attention="splash", compile_seconds=1.0, argument_bytes=0,
+        temp_bytes=int(gib * 2**30), unaliased_output_bytes=0, compiled_flops=None,
+        analytic_flops=1.0, xla_view_flops=1.0, hbm_bytes=int(hbm * 2**30),
+        num_slices=num_slices)
+
+  return fake_compile
+
+
 @pytest.mark.parametrize("fixed,per_item,curve,hbm", [
     (1.0, 0.05, 0.0, 16.0),  # Linear: the first prediction is right.
     (1.0, 0.05, 2e-5, 16.0),  # Convex: the line overshoots; bisection corrects it.
@@ -184,24 +213,8 @@ def test_find_max_batch_brackets_the_answer_with_compiles(monkeypatch, fixed, pe
                                                           curve, hbm, hint, refuse_over):
   from bertjax import benchmark  # pylint: disable=g-import-not-at-top
   compiled = []
-
-  def fake_compile(config, topology, phase_name, global_batch_size, vocab_size=6000,
-                   num_slices=1):
-    assert num_slices == 1
-    assert vocab_size == 6000  # The search passes its vocab size on to every compile.
-    per_device = global_batch_size // 8
-    compiled.append(per_device)
-    gib = fixed + per_item * per_device + curve * per_device ** 2
-    if refuse_over is not None and gib > refuse_over:
-      raise jax.errors.JaxRuntimeError(
-          f"RESOURCE_EXHAUSTED: Ran out of memory on HBM ({gib:.2f}G of {refuse_over}G)")
-    return benchmark.AotResult(
-        topology=topology, devices=8, chips=8, device_kind="TPU v5 lite", mesh={"data": 8},
-        phase=phase_name, global_batch_size=global_batch_size, seq_len=128,
-        attention="splash", compile_seconds=1.0, argument_bytes=0,
-        temp_bytes=int(gib * 2**30), unaliased_output_bytes=0, compiled_flops=None,
-        analytic_flops=1.0, xla_view_flops=1.0, hbm_bytes=int(hbm * 2**30))
-
+  fake_compile = _fake_aot_compile(
+      compiled, lambda n: fixed + per_item * n + curve * n ** 2, hbm, refuse_over)
   monkeypatch.setattr(benchmark, "aot_compile", fake_compile)
   monkeypatch.setattr(benchmark, "_num_devices", lambda topology, num_slices=1: 8)
   config = lambda: __import__("ml_collections").ConfigDict(
@@ -272,3 +285,33 @@ def test_packed_search_counts_rows_and_compiles_whole_examples(monkeypatch):
   unpacked = ml_collections.ConfigDict({"data": {"packing": False, "packing_factor": 1.1}})
   assert benchmark.search_step(unpacked) == benchmark.BATCH_STEP
   assert benchmark.examples_for_rows(unpacked, 24) == 24
+
+
+@pytest.mark.parametrize("start,guess,compiles", [
+    (8, 296, 2),  # The answer: it and the next step.
+    (8, 304, 2),  # One step high: it and the answer.
+    (296, 296, 1),  # The row compiled at the answer: only the next step.
+    (304, 304, 1),  # The row compiled one step high: only the answer.
+    (8, 8, None),  # The start itself: its neighbour, then the line.
+    (8, 160, None),  # Far low or far high (the compiler stops the largest): the line and
+    (8, 600, None),  # the bracket find it.
+])
+def test_find_max_batch_from_a_guess_on_several_slices(monkeypatch, start, guess, compiles):
+  from bertjax import benchmark  # pylint: disable=g-import-not-at-top
+  compiled = []
+  gib_at = lambda n: 1.0 + 0.05 * n  # Fits up to 300 sequences per device: the answer is 296.
+  fake_compile = _fake_aot_compile(compiled, gib_at, 16.0, refuse_over=20.0, slices=4)
+  monkeypatch.setattr(benchmark, "aot_compile", fake_compile)
+  monkeypatch.setattr(benchmark, "_num_devices", lambda topology, num_slices=1: 8)
+  config = lambda: __import__("ml_collections").ConfigDict(
+      {"mesh": {"data": -1, "fsdp": 1, "tensor": 1, "dcn_data": -1, "dcn_fsdp": 1,
+                "dcn_tensor": 1}})
+  known = fake_compile(None, "v5e:16x16", "seq128", start * 8, num_slices=4)  # The row's own.
+  best, result, _ = benchmark.find_max_batch(
+      config, "v5e:16x16", "seq128", start, log=lambda m: None, known=known, num_slices=4,
+      vocab_size=6000, guess=guess)
+  assert best == 296 and result.global_batch_size == 296 * 8 and result.num_slices == 4
+  assert 296 in compiled and 304 in compiled  # Both sides of the answer were compiled.
+  assert compiled.count(start) == 1  # The row's compile is not repeated.
+  if compiles is not None:
+    assert len(compiled) == 1 + compiles, compiled

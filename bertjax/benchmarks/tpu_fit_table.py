@@ -16,8 +16,11 @@ FLOPs per step against bertjax's analytic count as XLA sees the program
 (scanned layers counted once, Pallas kernels not counted) and, with
 --find_max_batch, the largest per-device batch that fits (each search
 after the first of a config and phase starts from the previous one's memory
-per sequence, which saves compiles, not changes answers). Attention dropout is 0 unless --attention_dropout_rate says
-otherwise, so that `auto` may pick the splash kernel.
+per sequence, or from its answer where that was for the same slice, e.g.
+v5e-256 before 2xv5e-256, or else from --max_batch_guess; this saves
+compiles, not changes answers). Attention dropout is 0 unless
+--attention_dropout_rate says otherwise, so that `auto` may pick the splash
+kernel.
 
 A slice written NxSLICE (e.g. 2xv5e-256) is N such slices joined by the
 data-center network (DCN), the mesh split across them by config.mesh.dcn_*
@@ -144,6 +147,10 @@ def main():
                       help="model.vocab_multiple for every config (0 keeps the configs'): "
                       "the word table's rows split over tensor x fsdp, so 256-way FSDP "
                       "needs a multiple of 256.")
+  parser.add_argument("--max_batch_guess", type=int, default=0,
+                      help="With --find_max_batch: the per-device batch each search compiles "
+                      "first (with its neighbour), where no earlier search of the same config, "
+                      "phase and slice gave one; 0 predicts it from the row's compile.")
   args = parser.parse_args()
   try:
     specs = parse_slices(args.slices)
@@ -153,6 +160,7 @@ def main():
         f"attention_dropout_rate {args.attention_dropout_rate}, per_device_batch "
         f"{args.per_device_batch or 'from the configs'}, vocab_multiple "
         f"{args.vocab_multiple or 'from the configs'}")
+  answers = {}  # (config, phase, slice) -> max per-device batch found on any number of them.
   for header, group in ((HEADER, [s for s in specs if s[0] == 1]),
                         (MULTISLICE_HEADER, [s for s in specs if s[0] > 1])):
     if not group:
@@ -184,8 +192,11 @@ def main():
             per_device = result.rows // max(1, result.mesh["data"] * result.mesh["fsdp"])
             max_batch, _, found = benchmark.find_max_batch(
                 make, topology, phase, per_device, log=lambda m: print(m, file=sys.stderr),
-                known=result, per_item_hint=per_item, num_slices=num_slices)
+                known=result, per_item_hint=per_item, num_slices=num_slices,
+                guess=answers.get((config_name, phase, slice_name), args.max_batch_guess))
             per_item = found or per_item
+            if max_batch:
+              answers[config_name, phase, slice_name] = max_batch
           print(row(config_name, slice_name, result, max_batch), flush=True)
 
 
