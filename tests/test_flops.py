@@ -132,30 +132,30 @@ if __name__ == "__main__":
 
 
 def test_aot_result_splits_a_chips_nominal_hbm_between_its_devices():
-  from bertjax import benchmark  # pylint: disable=g-import-not-at-top
-  r = benchmark.AotResult(
+  from bertjax.benchmarks import aot  # pylint: disable=g-import-not-at-top
+  r = aot.AotResult(
       topology="v4:2x2x1", devices=8, chips=4, device_kind="TPU v4", mesh={"data": 8},
       phase="seq128", global_batch_size=256, seq_len=128, attention="splash",
       compile_seconds=1.0, argument_bytes=10 * 2**30, temp_bytes=7 * 2**30,
       unaliased_output_bytes=0, compiled_flops=None, analytic_flops=1.0, xla_view_flops=1.0)
   assert r.nominal_hbm_bytes == 16 * 2**30 and r.total_bytes == 17 * 2**30
   assert r.fits is None  # The fit needs the compiler's available HBM (tests/test_tpu_fit.py).
-  assert benchmark.AotResult(**{**r.__dict__, "device_kind": "cpu"}).nominal_hbm_bytes is None
+  assert aot.AotResult(**{**r.__dict__, "device_kind": "cpu"}).nominal_hbm_bytes is None
 
 
 def test_xla_view_of_flops_drops_scanned_layers_and_pallas_attention():
-  from bertjax import benchmark  # pylint: disable=g-import-not-at-top
+  from bertjax.benchmarks import aot  # pylint: disable=g-import-not-at-top
   config = _config(scan_layers=True)
   # One layer of the loop plus the last layer, which runs outside it.
   seen = config.replace(num_layers=2)
-  assert benchmark.flops_as_xla_counts(config, SEQ, PRED, 8, "xla") == pytest.approx(
+  assert aot.flops_as_xla_counts(config, SEQ, PRED, 8, "xla") == pytest.approx(
       8 * flops.train_flops_per_sequence(seen, SEQ, PRED))
   # Splash runs in the loop's layer only; the last layer attends with XLA.
   attention_matmuls = 3 * SEQ * 2 * 2 * SEQ * config.hidden_size * 8
-  assert benchmark.flops_as_xla_counts(config, SEQ, PRED, 8, "splash") == pytest.approx(
+  assert aot.flops_as_xla_counts(config, SEQ, PRED, 8, "splash") == pytest.approx(
       8 * flops.train_flops_per_sequence(seen, SEQ, PRED) - attention_matmuls)
   unrolled = config.replace(scan_layers=False)
-  assert benchmark.flops_as_xla_counts(unrolled, SEQ, PRED, 8, "xla", 2) == pytest.approx(
+  assert aot.flops_as_xla_counts(unrolled, SEQ, PRED, 8, "xla", 2) == pytest.approx(
       4 * flops.train_flops_per_sequence(unrolled, SEQ, PRED))
 
 
@@ -171,12 +171,12 @@ def test_loops_in_the_compiled_program_disqualify_its_flop_count():
 
 
 def _fake_aot_compile(compiled, gib_at, hbm, refuse_over=None, slices=1):
-  """Stands for benchmark.aot_compile on 8 devices: `gib_at(per-device batch)` GiB per device.
+  """Stands for aot.aot_compile on 8 devices: `gib_at(per-device batch)` GiB per device.
 
   Appends each compiled per-device batch to `compiled`; above `refuse_over`
   GiB it raises the compiler's RESOURCE_EXHAUSTED.
   """
-  from bertjax import benchmark  # pylint: disable=g-import-not-at-top
+  from bertjax.benchmarks import aot  # pylint: disable=g-import-not-at-top
 
   def fake_compile(config, topology, phase_name, global_batch_size, vocab_size=6000,
                    num_slices=1):
@@ -188,7 +188,7 @@ def _fake_aot_compile(compiled, gib_at, hbm, refuse_over=None, slices=1):
     if refuse_over is not None and gib > refuse_over:
       raise jax.errors.JaxRuntimeError(
           f"RESOURCE_EXHAUSTED: Ran out of memory on HBM ({gib:.2f}G of {refuse_over}G)")
-    return benchmark.AotResult(
+    return aot.AotResult(
         topology=topology, devices=8, chips=8, device_kind="TPU v5 lite", mesh={"data": 8},
         phase=phase_name, global_batch_size=global_batch_size, seq_len=128,
         attention="splash", compile_seconds=1.0, argument_bytes=0,
@@ -211,22 +211,22 @@ def _fake_aot_compile(compiled, gib_at, hbm, refuse_over=None, slices=1):
 @pytest.mark.parametrize("refuse_over", [None, 16.5])
 def test_find_max_batch_brackets_the_answer_with_compiles(monkeypatch, fixed, per_item,
                                                           curve, hbm, hint, refuse_over):
-  from bertjax import benchmark  # pylint: disable=g-import-not-at-top
+  from bertjax.benchmarks import aot, max_batch  # pylint: disable=g-import-not-at-top
   compiled = []
   fake_compile = _fake_aot_compile(
       compiled, lambda n: fixed + per_item * n + curve * n ** 2, hbm, refuse_over)
-  monkeypatch.setattr(benchmark, "aot_compile", fake_compile)
-  monkeypatch.setattr(benchmark, "_num_devices", lambda topology, num_slices=1: 8)
+  monkeypatch.setattr(aot, "aot_compile", fake_compile)
+  monkeypatch.setattr(max_batch, "num_devices", lambda topology, num_slices=1: 8)
   config = lambda: __import__("ml_collections").ConfigDict(
       {"mesh": {"data": -1, "fsdp": 1, "tensor": 1}})
   try:
     known = fake_compile(None, "v5e:2x4", "seq128", 32 * 8)  # The table's own compile.
   except jax.errors.JaxRuntimeError:
     known = None
-  best, result, found = benchmark.find_max_batch(
+  best, result, found = max_batch.find_max_batch(
       config, "v5e:2x4", "seq128", 32, log=lambda m: None, known=known,
       per_item_hint=hint and hint * per_item * 2**30, vocab_size=6000)
-  step = benchmark.BATCH_STEP
+  step = max_batch.BATCH_STEP
   fits = lambda n: fixed + per_item * n + curve * n ** 2 <= hbm
   assert compiled.count(32) == 1 + (known is None)  # A known compile is not repeated.
   if not fits(step):
@@ -250,7 +250,7 @@ def test_packed_search_counts_rows_and_compiles_whole_examples(monkeypatch):
   compile gets rows x packing_factor examples, and its resolution keeps that
   a whole number."""
   import ml_collections  # pylint: disable=g-import-not-at-top
-  from bertjax import benchmark  # pylint: disable=g-import-not-at-top
+  from bertjax.benchmarks import aot, max_batch  # pylint: disable=g-import-not-at-top
   asked = []
 
   def fake_compile(config, topology, phase_name, global_batch_size, vocab_size=30522,
@@ -260,22 +260,22 @@ def test_packed_search_counts_rows_and_compiles_whole_examples(monkeypatch):
     assert abs(global_batch_size / float(config.data.packing_factor) - rows) < 1e-9
     asked.append((rows // 8, global_batch_size))
     gib = 1.0 + 0.05 * rows / 8  # Memory grows with the rows, not the examples.
-    return benchmark.AotResult(
+    return aot.AotResult(
         topology=topology, devices=8, chips=8, device_kind="TPU v5 lite", mesh={"data": 8},
         phase=phase_name, global_batch_size=global_batch_size, seq_len=128,
         attention="splash", compile_seconds=1.0, argument_bytes=0,
         temp_bytes=int(gib * 2**30), unaliased_output_bytes=0, compiled_flops=None,
         analytic_flops=1.0, xla_view_flops=1.0, hbm_bytes=16 * 2**30)
 
-  monkeypatch.setattr(benchmark, "aot_compile", fake_compile)
-  monkeypatch.setattr(benchmark, "_num_devices", lambda topology, num_slices=1: 8)
+  monkeypatch.setattr(aot, "aot_compile", fake_compile)
+  monkeypatch.setattr(max_batch, "num_devices", lambda topology, num_slices=1: 8)
   for factor, step in ((1.25, 8), (2.0, 8), (1.1, 40)):
     config = lambda: ml_collections.ConfigDict(  # pylint: disable=cell-var-from-loop
         {"mesh": {"data": -1, "fsdp": 1, "tensor": 1},
          "data": {"packing": True, "packing_factor": factor}})
-    assert benchmark.search_step(config()) == step
+    assert max_batch.search_step(config()) == step
     asked.clear()
-    best, result, per_row = benchmark.find_max_batch(config, "v5e:2x4", "seq128", 32,
+    best, result, per_row = max_batch.find_max_batch(config, "v5e:2x4", "seq128", 32,
                                                      log=lambda m: None)
     fits = lambda n: 1.0 + 0.05 * n <= 16.0
     assert best % step == 0 and fits(best) and not fits(best + step), (factor, best)
@@ -283,8 +283,8 @@ def test_packed_search_counts_rows_and_compiles_whole_examples(monkeypatch):
     assert per_row == pytest.approx(0.05 * 2**30, rel=1e-6)
     assert all(examples == round(rows * 8 * factor) for rows, examples in asked)
   unpacked = ml_collections.ConfigDict({"data": {"packing": False, "packing_factor": 1.1}})
-  assert benchmark.search_step(unpacked) == benchmark.BATCH_STEP
-  assert benchmark.examples_for_rows(unpacked, 24) == 24
+  assert max_batch.search_step(unpacked) == max_batch.BATCH_STEP
+  assert max_batch.examples_for_rows(unpacked, 24) == 24
 
 
 @pytest.mark.parametrize("start,guess,compiles", [
@@ -297,17 +297,17 @@ def test_packed_search_counts_rows_and_compiles_whole_examples(monkeypatch):
     (8, 600, None),  # the bracket find it.
 ])
 def test_find_max_batch_from_a_guess_on_several_slices(monkeypatch, start, guess, compiles):
-  from bertjax import benchmark  # pylint: disable=g-import-not-at-top
+  from bertjax.benchmarks import aot, max_batch  # pylint: disable=g-import-not-at-top
   compiled = []
   gib_at = lambda n: 1.0 + 0.05 * n  # Fits up to 300 sequences per device: the answer is 296.
   fake_compile = _fake_aot_compile(compiled, gib_at, 16.0, refuse_over=20.0, slices=4)
-  monkeypatch.setattr(benchmark, "aot_compile", fake_compile)
-  monkeypatch.setattr(benchmark, "_num_devices", lambda topology, num_slices=1: 8)
+  monkeypatch.setattr(aot, "aot_compile", fake_compile)
+  monkeypatch.setattr(max_batch, "num_devices", lambda topology, num_slices=1: 8)
   config = lambda: __import__("ml_collections").ConfigDict(
       {"mesh": {"data": -1, "fsdp": 1, "tensor": 1, "dcn_data": -1, "dcn_fsdp": 1,
                 "dcn_tensor": 1}})
   known = fake_compile(None, "v5e:16x16", "seq128", start * 8, num_slices=4)  # The row's own.
-  best, result, _ = benchmark.find_max_batch(
+  best, result, _ = max_batch.find_max_batch(
       config, "v5e:16x16", "seq128", start, log=lambda m: None, known=known, num_slices=4,
       vocab_size=6000, guess=guess)
   assert best == 296 and result.global_batch_size == 296 * 8 and result.num_slices == 4

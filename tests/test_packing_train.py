@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from bertjax import benchmark
+from bertjax.benchmarks import aot
 from bertjax.records import schema
 from bertjax.train import flops
 from bertjax.train import loop
@@ -108,17 +109,17 @@ def test_benchmark_compiles_for_the_batch_the_pipeline_yields(dataset, packed):
   model_config = run_config.validate(config)
   phase = run_config.phases(config)[0]
   batch = next(loop._train_source(config, phase, model_config).iterate(0))  # pylint: disable=protected-access
-  specs = benchmark.batch_specs(config, phase, None)
+  specs = aot.batch_specs(config, phase, None)
   assert ({k: (v.shape, np.dtype(v.dtype)) for k, v in specs.items()}
           == {k: (v.shape, v.dtype) for k, v in batch.items()})
   assert specs["input_ids"].shape == ((10, 32) if packed else (16, 32))
   assert set(schema.PACKED_KEYS) & set(specs) == (set(schema.PACKED_KEYS) if packed else set())
   # The benchmark reads no records: it compiles for packed shapes on synthetic
   # data, which a training run refuses.
-  benchmark.build(config.copy_and_resolve_references(), jax.devices(), compile_only=True)
+  aot.build(config.copy_and_resolve_references(), jax.devices(), compile_only=True)
   if packed:
     with pytest.raises(run_config.ConfigError, match=r"--config\.data\.packing: packs records"):
-      benchmark.build(config.copy_and_resolve_references(), jax.devices())
+      aot.build(config.copy_and_resolve_references(), jax.devices())
     # The timed run has unpacked synthetic batches only.
     with pytest.raises(app.UsageError, match=r"--config\.data\.packing=True: the timed run"):
       benchmark.run_benchmark(config)

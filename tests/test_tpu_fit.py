@@ -15,7 +15,7 @@ import jax
 import pytest
 
 import jax_child
-from bertjax import benchmark
+from bertjax.benchmarks import aot
 from bertjax.benchmarks import tpu_topology
 
 GIB = 2**30
@@ -69,7 +69,7 @@ def test_available_hbm_comes_from_an_oversized_compile(monkeypatch):
 
 
 def test_fits_means_within_the_available_hbm_not_the_nominal():
-  r = benchmark.AotResult(
+  r = aot.AotResult(
       topology="v5e:2x4", devices=8, chips=8, device_kind="TPU v5 lite", mesh={"data": 8},
       phase="seq128", global_batch_size=256, seq_len=128, attention="splash",
       compile_seconds=1.0, argument_bytes=10 * GIB, temp_bytes=int(5.9 * GIB),
@@ -80,7 +80,7 @@ def test_fits_means_within_the_available_hbm_not_the_nominal():
   r.temp_bytes = int(5.7 * GIB)
   assert r.fits is True
   # Unknown available HBM: no answer, whatever the nominal figure says.
-  assert benchmark.AotResult(**{**r.__dict__, "hbm_bytes": None}).fits is None
+  assert aot.AotResult(**{**r.__dict__, "hbm_bytes": None}).fits is None
 
 
 def test_v4_topologies_are_asked_for_one_megacore_device_per_chip(monkeypatch):
@@ -151,7 +151,7 @@ def _child(payload):
   if "packed" in payload:
     return _packed_compile()
   return {name: {"devices": len(tpu_topology.topology_devices(name)),
-                 "chips": benchmark._count_chips(tpu_topology.topology_devices(name)),  # pylint: disable=protected-access
+                 "chips": aot._count_chips(tpu_topology.topology_devices(name)),  # pylint: disable=protected-access
                  "available_gib": tpu_topology.available_hbm_bytes(name) / GIB}
           for name in payload["topologies"]}
 
@@ -226,7 +226,7 @@ def _two_slice_compile():
       phase.global_batch_size = 32
     devices = tpu_topology.topology_devices("v5e:2x2", 2)
     mesh = sharding_lib.make_mesh(config.mesh, devices)
-    two = benchmark.aot_compile(config, "v5e:2x2", "seq128", num_slices=2)
+    two = aot.aot_compile(config, "v5e:2x2", "seq128", num_slices=2)
     out[name] = dict(
         mesh=two.mesh, chips=two.chips, devices=two.devices, fits=two.fits,
         dcn=two.dcn.bytes_per_step, sends=two.dcn.sends, uncounted=two.dcn.uncounted_loops,
@@ -264,7 +264,7 @@ def _packed_compile():
                         intermediate_size=128, attention_dropout_rate=0.0)
     config.phases.seq128.global_batch_size = 256
     config.data.update(packing=packed, packing_factor=2.0)
-    r = benchmark.aot_compile(config, "v5e:2x2", "seq128")
+    r = aot.aot_compile(config, "v5e:2x2", "seq128")
     out["packed" if packed else "unpacked"] = dict(
         rows=r.rows, batch=r.global_batch_size, attention=r.attention, fits=r.fits,
         temp=r.temp_bytes, xla=r.compiled_flops * r.devices, xla_view=r.xla_view_flops,

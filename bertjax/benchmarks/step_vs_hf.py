@@ -33,10 +33,9 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
-from bertjax import benchmark
+from bertjax.benchmarks import aot
 from bertjax.input.synthetic import SyntheticSource
 from bertjax.records import schema
 from bertjax.train import sharding as sharding_lib
@@ -71,7 +70,7 @@ def bertjax_step(batch, scan_layers: bool = True):
 def compiled_train_step(config, batch, vocab_size: int = VOCAB):
   """() -> runs one train step of `config` (phase seq128) on `batch`, the
   state kept inside, jitted and compiled."""
-  _, _, mesh, rules, model, tx = benchmark.build(config, jax.devices(), phase_name="seq128",
+  _, _, mesh, rules, model, tx = aot.build(config, jax.devices(), phase_name="seq128",
                                                  vocab_size=vocab_size)
   state, shardings = state_lib.create_train_state(model, tx, mesh, rules, jax.random.key(0))
   rng = jax.random.key(1)

@@ -6,7 +6,7 @@
       --slices v4-8,v5e-8,v5p-8,v6e-8,v4-32,v5e-32,v5p-32,v6e-32 [--find_max_batch]
 
 For every combination it compiles the train step for the slice on this CPU
-host (bertjax.benchmark.aot_compile) with the attention kernel `auto` picks
+host (bertjax.benchmarks.aot.aot_compile) with the attention kernel `auto` picks
 there, and prints one markdown row as soon as it is done: the HBM needed
 per device (one device per chip; a v4 chip's two TensorCores as one
 megacore device, see tpu_topology.topology_devices) against the HBM the
@@ -42,7 +42,8 @@ import sys
 
 import jax
 
-from bertjax import benchmark
+from bertjax.benchmarks import aot
+from bertjax.benchmarks import max_batch as max_batch_lib
 from bertjax.benchmarks import tpu_topology
 from bertjax.train import sharding as sharding_lib
 
@@ -93,13 +94,13 @@ def load_config(name: str, attention_dropout_rate: float, vocab_multiple: int = 
   return config
 
 
-def _memory_cells(r: benchmark.AotResult) -> tuple[str, str, str]:
+def _memory_cells(r: aot.AotResult) -> tuple[str, str, str]:
   mesh = " x ".join(f"{k} {v}" for k, v in r.mesh.items() if v > 1) or "1 chip"
   hbm = f" of {r.hbm_bytes / 2**30:.2f}" if r.hbm_bytes else ""
   return mesh, f"{r.total_bytes / 2**30:.2f}{hbm} GiB", {True: "yes", False: "no", None: "?"}[r.fits]
 
 
-def row(config_name: str, slice_name: str, r: benchmark.AotResult, max_batch) -> str:
+def row(config_name: str, slice_name: str, r: aot.AotResult, max_batch) -> str:
   if r.num_slices > 1:
     return multislice_row(config_name, slice_name, r, max_batch)
   mesh, memory, fits = _memory_cells(r)
@@ -112,7 +113,7 @@ def row(config_name: str, slice_name: str, r: benchmark.AotResult, max_batch) ->
           f"{max_batch if max_batch is not None else 'not searched'} |")
 
 
-def multislice_row(config_name: str, slice_name: str, r: benchmark.AotResult,
+def multislice_row(config_name: str, slice_name: str, r: aot.AotResult,
                    max_batch) -> str:
   mesh, memory, fits = _memory_cells(r)
   dcn = r.dcn
@@ -178,7 +179,7 @@ def main():
               set_per_device_batch(config, args.per_device_batch, t, n)
             return config
           try:
-            result = benchmark.aot_compile(make(), topology, phase, num_slices=num_slices)
+            result = aot.aot_compile(make(), topology, phase, num_slices=num_slices)
           except jax.errors.JaxRuntimeError as e:
             if not tpu_topology.is_out_of_memory(e):
               raise
@@ -190,7 +191,7 @@ def main():
           max_batch = None
           if args.find_max_batch:
             per_device = result.rows // max(1, result.mesh["data"] * result.mesh["fsdp"])
-            max_batch, _, found = benchmark.find_max_batch(
+            max_batch, _, found = max_batch_lib.find_max_batch(
                 make, topology, phase, per_device, log=lambda m: print(m, file=sys.stderr),
                 known=result, per_item_hint=per_item, num_slices=num_slices,
                 guess=answers.get((config_name, phase, slice_name), args.max_batch_guess))
