@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from bertjax.create import records
+from bertjax.input import device as device_lib
 from bertjax.input import pipeline
 from bertjax.records import schema
 from bertjax.records import tfrecord
@@ -309,7 +310,7 @@ def test_to_global_and_prefetch_to_device(dataset):
   mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
   sharding = NamedSharding(mesh, PartitionSpec("data"))
   host = take(source(directory, 16).iterate(0), 3)
-  device = take(pipeline.prefetch_to_device(source(directory, 16).iterate(0), sharding), 3)
+  device = take(device_lib.prefetch_to_device(source(directory, 16).iterate(0), sharding), 3)
   for h, d in zip(host, device):
     assert set(h) == set(d)
     for k in h:
@@ -319,7 +320,7 @@ def test_to_global_and_prefetch_to_device(dataset):
   def failing():
     yield host[0]
     raise RuntimeError("reader broke")
-  it = pipeline.prefetch_to_device(failing(), sharding, size=2)
+  it = device_lib.prefetch_to_device(failing(), sharding, size=2)
   next(it)
   with pytest.raises(RuntimeError, match="reader broke"):
     next(it)
@@ -334,7 +335,7 @@ def test_to_global_and_prefetch_to_device(dataset):
         yield host[0]
     finally:
       closed.append(True)
-  it = pipeline.prefetch_to_device(endless(), sharding, size=2)
+  it = device_lib.prefetch_to_device(endless(), sharding, size=2)
   next(it)
   it.close()
   assert closed == [True]

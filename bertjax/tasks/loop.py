@@ -30,7 +30,7 @@ import ml_collections
 import numpy as np
 from absl import logging
 
-from bertjax.input import pipeline
+from bertjax.input import device as device_lib
 from bertjax.model.config import BertConfig
 from bertjax.records import fileio
 from bertjax.tasks import batches as batches_lib
@@ -117,7 +117,7 @@ def predict(predict_fn, state, split: Split, batch_size: int, sharding,
   """
   n = len(split)
   order = batches_lib.eval_order(split.arrays, buckets)
-  on_device = [predict_fn(state, pipeline.to_global(batch, sharding))
+  on_device = [predict_fn(state, device_lib.to_global(batch, sharding))
                for batch in batches_lib.eval_batches(split.arrays, batch_size,
                                                      buckets=buckets)]
   outs = jax.device_get(on_device)

@@ -18,7 +18,7 @@ import jax
 import ml_collections
 from absl import logging
 
-from bertjax.input import pipeline
+from bertjax.input import device as device_lib
 from bertjax.tasks import batches as batches_lib
 from bertjax.tasks.best import BestDev
 from bertjax.tasks.split import Split
@@ -80,7 +80,7 @@ class FineTuner:
                                            buckets=batches_lib.buckets_of(config),
                                            group_batches=config.bucketing.group_batches):
       self.state, metrics = self.fixed.p_train(
-          self.state, pipeline.to_global(batch, self._sharding), self.dropout_rng)
+          self.state, device_lib.to_global(batch, self._sharding), self.dropout_rng)
       self.step += 1
       self.metrics.add(self.step, metrics)
       if self.step % config.logging.every_steps == 0 or self.step == num_steps:

@@ -19,6 +19,7 @@ import optax
 from absl import logging
 from jax.experimental import multihost_utils
 
+from bertjax.input import device as device_lib
 from bertjax.input import pipeline
 from bertjax.model.config import BertConfig
 from bertjax.train import checkpoint as ckpt_lib
@@ -98,7 +99,7 @@ class Trainer:
                  phase.name, phase.start, phase.end, phase.max_seq_length,
                  phase.max_predictions_per_seq, phase.global_batch_size)
     source = self.run.make_source(config, phase, self.run.model_config)
-    batches = pipeline.prefetch_to_device(source.iterate(self.step - phase.start),
+    batches = device_lib.prefetch_to_device(source.iterate(self.step - phase.start),
                                           self._batch_sharding, config.data.prefetch)
     self.logger.start_window(self.step)
     try:
