@@ -27,7 +27,6 @@ summary.json; `python -c ...` runs the real interpreter. `tail -F` (the
 
 import json
 import os
-import shlex
 import shutil
 import subprocess
 import sys

@@ -134,24 +134,24 @@ def find_max_batch(make_config, topology: str, phase_name: str, start: int,
     neighbour = b + step if fits(b) else b - step
     if neighbour >= step:
       compile_at(neighbour)
-  guess = None
+  on_line = None  # Where the line through the first two compiles meets the HBM.
   if rb is not None:
     (a1, r1), (b1, r2) = sorted([(a, ra), (b, rb)], key=lambda t: t[0])
     per_item = (r2.total_bytes - r1.total_bytes) / (b1 - a1)
-    guess = (to_batch(a1 + (hbm - r1.total_bytes) / per_item) if per_item > 0
-             else MAX_SEARCHED_BATCH)
+    on_line = (to_batch(a1 + (hbm - r1.total_bytes) / per_item) if per_item > 0
+               else MAX_SEARCHED_BATCH)
   lo, hi = 0, None  # lo fits (0: nothing yet); hi does not.
   for n in sorted(tried):
     if fits(n):
       lo = max(lo, n)
     elif hi is None or n < hi:
       hi = n
-  for probe in (() if guess is None else (guess, guess + step)):
+  for probe in (() if on_line is None else (on_line, on_line + step)):
     if lo < probe and (hi is None or probe < hi):
       compile_at(probe)
       lo, hi = (probe, hi) if fits(probe) else (lo, probe)
   while hi is None and lo < MAX_SEARCHED_BATCH:
-    # Still fitting above the line's guess: extrapolate from the two largest
+    # Still fitting above the line's prediction: extrapolate from the two largest
     # fitting compiles (at least one step, at most doubling).
     below = max(n for n in tried if n < lo)
     slope = (tried[lo].total_bytes - tried[below].total_bytes) / (lo - below)

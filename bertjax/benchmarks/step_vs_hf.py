@@ -71,7 +71,7 @@ def compiled_train_step(config, batch, vocab_size: int = VOCAB):
   """() -> runs one train step of `config` (phase seq128) on `batch`, the
   state kept inside, jitted and compiled."""
   _, _, mesh, rules, model, tx = aot.build(config, jax.devices(), phase_name="seq128",
-                                                 vocab_size=vocab_size)
+                                           vocab_size=vocab_size)
   state, shardings = state_lib.create_train_state(model, tx, mesh, rules, jax.random.key(0))
   rng = jax.random.key(1)
   with sharding_lib.mesh_context(mesh, rules):

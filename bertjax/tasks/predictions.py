@@ -92,7 +92,7 @@ def predict_test(config: ml_collections.ConfigDict, workdir: str) -> dict[str, A
   tokenizer = tokenization.load_tokenizer(config.tokenizer, loop.vocab_file(config),
                                           config.do_lower_case)
   features.check_vocab(tokenizer, model_config.vocab_size, "--config.vocab_file's vocab "
-                       f"against the checkpoint's model.vocab_size")
+                       "against the checkpoint's model.vocab_size")
   tests = task.load_test(tokenizer, config)
   output_dir = config.predict_dir or os.path.join(workdir, "predictions")
   writer_dir: Optional[str] = output_dir if jax.process_index() == 0 else None

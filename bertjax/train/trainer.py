@@ -100,7 +100,7 @@ class Trainer:
                  phase.max_predictions_per_seq, phase.global_batch_size)
     source = self.run.make_source(config, phase, self.run.model_config)
     batches = device_lib.prefetch_to_device(source.iterate(self.step - phase.start),
-                                          self._batch_sharding, config.data.prefetch)
+                                            self._batch_sharding, config.data.prefetch)
     self.logger.start_window(self.step)
     try:
       while self.step < phase.end:
