@@ -238,9 +238,20 @@ def _statistics_corpus(seed, num_docs, min_len, max_len, sentences=(4, 30)):
 
 
 def _make(docs, vocab, max_seq_length, short_seq_prob, max_pred, seed, path):
-  """Instances by the scalar path or by spans + instance_batches (the driver's)."""
+  """Instances by the scalar path, by spans + instance_batches, or by the
+  driver's: spans of every document at once (pass_spans) + instance_batches."""
   made = []
   tokens, starts, offsets = _flat(docs)
+  if path == "lockstep":
+    gen = np.random.default_rng(seed)
+    sentence_starts = np.cumsum([0] + [len(s) for d in docs for s in d])
+    first = np.cumsum([0] + [len(d) for d in docs])
+    spans = instance_batches.pass_spans(sentence_starts, first, max_seq_length,
+                                        short_seq_prob, gen)
+    batch = instance_batches.mask_arrays(
+        *instance_batches.assemble_pairs(spans, tokens, starts, max_seq_length, vocab),
+        0.15, max_pred, vocab, gen)
+    return [_instance_of(batch, i) for i in range(len(batch))]
   for doc_index in range(len(docs)):
     rng = instances.FastRng([seed, doc_index])
     if path == "scalar":
@@ -318,7 +329,7 @@ def test_batched_masking_draws_uniform_subsets():
   assert abs(both / want - 1) < 0.15
 
 
-@pytest.mark.parametrize("path", ["scalar", "batch"])
+@pytest.mark.parametrize("path", ["scalar", "batch", "lockstep"])
 def test_mlm_statistics_over_10k_instances(path):
   # Every sentence has >= 50 tokens and the target is 100 (short_seq_prob 0),
   # so every chunk or A + random B reaches 100 tokens and is truncated to
@@ -360,7 +371,7 @@ def test_mlm_statistics_over_10k_instances(path):
   assert abs(decisions["random"] / total - 0.1) <= 0.015, decisions
 
 
-@pytest.mark.parametrize("path", ["scalar", "batch"])
+@pytest.mark.parametrize("path", ["scalar", "batch", "lockstep"])
 def test_nsp_balance_and_prediction_counts_over_10k_instances(path):
   # Mixed lengths with several sentences per chunk. A chunk of one sentence
   # is always random-next; that happens at some documents' ends and, with

@@ -266,7 +266,8 @@ def _whole_word_choice(tokens, num_a, num_to_predict, vocab, rng) -> list[int]:
 
 
 def instance_spans(doc_offsets: Sequence[Sequence[int]], document_index: int,
-                   max_seq_length: int, short_seq_prob: float, rng):
+                   max_seq_length: int, short_seq_prob: float, rng, *,
+                   chunk_start: int = 0, target_seq_length: Optional[int] = None):
   """The original `create_instances_from_document` on sentence offsets.
 
   doc_offsets[d] holds the token offsets of document d's sentences within
@@ -275,6 +276,9 @@ def instance_spans(doc_offsets: Sequence[Sequence[int]], document_index: int,
   segment A is tokens [a_lo, a_hi) of document a_doc, B likewise, both
   already truncated. A generator, so that a caller that masks each instance
   before taking the next draws random numbers in the original's order.
+  `chunk_start` and `target_seq_length` resume a document part-way
+  (instance_batches.pass_spans): the sentence its next chunk begins at and
+  the target length drawn for the document, which is then not drawn.
   """
   off = doc_offsets[document_index]
   num_sentences = len(off) - 1
@@ -282,11 +286,12 @@ def instance_spans(doc_offsets: Sequence[Sequence[int]], document_index: int,
   rnd = rng.random
   randint = rng.randint
 
-  target_seq_length = max_num_tokens
-  if rnd() < short_seq_prob:
-    target_seq_length = randint(2, max_num_tokens)
+  if target_seq_length is None:
+    target_seq_length = max_num_tokens
+    if rnd() < short_seq_prob:
+      target_seq_length = randint(2, max_num_tokens)
 
-  chunk_start = 0  # The current chunk is sentences chunk_start..i.
+  # The current chunk is sentences chunk_start..i.
   while chunk_start < num_sentences:
     # The chunk grows to the first sentence that brings it to the target
     # length, or to the document's end (the original adds one at a time).

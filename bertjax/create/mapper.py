@@ -6,8 +6,9 @@ A partition's documents (partition.py: a random sample of the corpus, in
 hash order) are processed in chunks of `docs_per_chunk` documents (a tail
 of fewer than half a chunk joins the chunk before it). Each chunk is
 tokenized with one `encode_flat` call, then for each dupe pass d the paper's
-algorithm (instances.py) runs over the chunk's documents with a generator
-seeded by (seed, partition, chunk, d). The "random next" segment B is drawn
+algorithm (instances.py) runs over all the chunk's documents at once
+(instance_batches.pass_spans) with a generator seeded by (seed, partition,
+chunk, d). The "random next" segment B is drawn
 from another document of the same chunk: the original keeps the whole
 corpus in memory for this choice; a chunk of a few thousand documents drawn
 at random from the whole corpus gives the same statistics with memory
@@ -149,34 +150,26 @@ class TokenizedChunk:
     return len(self.sentences_per_doc)
 
   @functools.cached_property
-  def _sentence_starts(self) -> np.ndarray:
+  def sentence_starts(self) -> np.ndarray:
+    """Where each sentence's ids begin in `tokens`, and the total."""
     return np.concatenate([[0], np.cumsum(self.sentence_lengths)])
 
   @functools.cached_property
-  def _first_sentence(self) -> np.ndarray:
+  def first_sentence(self) -> np.ndarray:
+    """Each document's first sentence, and the number of sentences."""
     return np.concatenate([[0], np.cumsum(self.sentences_per_doc)])
 
   @property
   def doc_starts(self) -> np.ndarray:
     """Where each document's ids begin in `tokens`, and the total."""
-    return self._sentence_starts[self._first_sentence]
-
-  def offsets(self) -> list[list[int]]:
-    """Per document, its sentences' token offsets (instances.instance_spans)."""
-    starts = self._sentence_starts.tolist()
-    first = self._first_sentence.tolist()
-    out = []
-    for a, b in zip(first, first[1:]):
-      base = starts[a]
-      out.append([x - base for x in starts[a:b + 1]])
-    return out
+    return self.sentence_starts[self.first_sentence]
 
   def documents(self) -> list[list[list[int]]]:
     """Documents as lists of sentences of ids (the scalar algorithm's form)."""
     ids = self.tokens.tolist()
-    starts = self._sentence_starts.tolist()
+    starts = self.sentence_starts.tolist()
     sentences = [ids[a:b] for a, b in zip(starts, starts[1:])]
-    first = self._first_sentence.tolist()
+    first = self.first_sentence.tolist()
     return [sentences[a:b] for a, b in zip(first, first[1:])]
 
 
@@ -288,7 +281,8 @@ class ShardMapper:
                           frames, frame_lengths)
 
   def _pass_instances(self, chunk, rng):
-    """One dupe pass's instances: span rows (7 columns, instance_spans), or
+    """One dupe pass's instances: span rows (7 columns, instance_spans) of
+    all documents at once (instance_batches.pass_spans), or
     masked `Instance`s for whole-word masking, which masks each instance in
     Python as it is made."""
     c = self.config
@@ -301,11 +295,8 @@ class ShardMapper:
                   docs, d, c.max_seq_length, c.short_seq_prob,
                   c.masked_lm_prob, c.max_predictions_per_seq, self.vocab,
                   rng, c.whole_word_mask)]
-    offsets = chunk.offsets()
-    spans = [span for d in range(len(offsets))
-             for span in instances_lib.instance_spans(
-                 offsets, d, c.max_seq_length, c.short_seq_prob, rng)]
-    return np.asarray(spans, np.int64).reshape(-1, 7)
+    return instance_batches.pass_spans(chunk.sentence_starts, chunk.first_sentence,
+                                       c.max_seq_length, c.short_seq_prob, rng.generator)
 
   def _encode(self, part, order, chunk, rng):
     """(frames, frame lengths, token counts) of a batch of instances, rows
