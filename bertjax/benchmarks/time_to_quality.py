@@ -8,7 +8,8 @@ static 15% masks, lengths 128 then 512) and the modern recipe
 (configs/modern.py scaled to the demo by benchmarks/recipes.scaled_to_demo:
 mlm on full sentences, 30% dynamic masking, length 128 only, MosaicBERT's
 optimizer and schedule shape; tiny.py's batch size, and a peak learning rate
-5x tiny.py's as MosaicBERT's 5e-4 is 5x the paper's 1e-4) for the same number
+1.25x tiny.py's, MosaicBERT's rate against the paper's at equal batch size)
+for the same number
 of steps, at the same time, each in its own process
 (recipes.pretrain_side_by_side), so that whatever else loads the machine
 falls on both alike. The paper recipe's wall time is the budget: the modern
