@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from bertjax.input import dynamic_masking
+from bertjax.input import evaluation
 from bertjax.input import pipeline
 from bertjax.records import schema
 import data_utils
@@ -147,7 +148,7 @@ def test_pipeline_masks_unmasked_and_premasked_records(tmp_path):
     assert np.mean([m[0] != m[1] for m in masks.values()]) > 0.9
     assert set(b) == set(schema.batch_shapes(40, 32, 5))
     # Evaluation masks are fixed: the same on every pass.
-    passes = [list(pipeline.eval_batches(files, 48, max_seq_length=32,
+    passes = [list(evaluation.eval_batches(files, 48, max_seq_length=32,
                                          max_predictions_per_seq=5, process_index=0,
                                          process_count=1, dynamic_masking={}))
               for _ in range(2)]

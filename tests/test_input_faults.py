@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from bertjax.create import records
+from bertjax.input import evaluation
 from bertjax.input import pipeline
 from bertjax.records import fileio
 from bertjax.records import schema
@@ -122,7 +123,7 @@ def test_damaged_record_mid_file_names_file_and_offset_or_is_skipped(
   epoch = real_rows(batches, examples)[:N - 1]
   assert sorted(epoch) == sorted(set(range(N)) - {lost})
   assert src.stats() == {"skipped_records": 1, "read_retries": 0}
-  evals = pipeline.eval_batches(pattern(bad), 64, max_seq_length=L,
+  evals = evaluation.eval_batches(pattern(bad), 64, max_seq_length=L,
                                 max_predictions_per_seq=P, process_index=0,
                                 process_count=1, skip_corrupt=True)
   assert len(real_rows(list(evals), examples)) == N - 1
@@ -302,7 +303,7 @@ def test_token_ids_beyond_the_model_vocab_name_the_flag_file_and_id(dataset, tmp
   with pytest.raises(ValueError, match=r"metadata.json: vocab_size is 200 .*"
                      r"--config.model.vocab_size=150"):
     source(pattern(directory), vocab_size=vocab)
-  evals = pipeline.eval_batches(pattern(plain), 40, max_seq_length=L,
+  evals = evaluation.eval_batches(pattern(plain), 40, max_seq_length=L,
                                 max_predictions_per_seq=P, process_index=0,
                                 process_count=1, vocab_size=vocab)
   with pytest.raises(ValueError, match="--config.model.vocab_size=150"):

@@ -415,8 +415,8 @@ def test_mlm_export_is_a_masked_lm_without_nsp_weights(tmp_path):
 
 def test_evaluation_reads_the_records_own_prediction_count(corpus):
   # A model trained with more prediction slots (30% masking) scores the paper's records.
-  from bertjax.input import pipeline  # pylint: disable=g-import-not-at-top
-  batches = pipeline.eval_batches(os.path.join(corpus["out"]["mlm+nsp"], "part-*.tfrecord"), 4,
+  from bertjax.input import evaluation  # pylint: disable=g-import-not-at-top
+  batches = evaluation.eval_batches(os.path.join(corpus["out"]["mlm+nsp"], "part-*.tfrecord"), 4,
                                   max_seq_length=32, max_predictions_per_seq=10,
                                   max_batches=1, process_index=0, process_count=1)
   batch = next(iter(batches))

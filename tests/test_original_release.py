@@ -14,7 +14,7 @@ import tensorflow as tf
 from bertjax.create import creation
 from bertjax.create import demo
 from bertjax.create import documents
-from bertjax.input import pipeline
+from bertjax.input import evaluation
 from bertjax.records import schema
 from bertjax.text import vocab as vocab_lib
 import data_utils
@@ -91,7 +91,7 @@ def test_bertjax_reads_the_originals_records(made):
   want = _parse([made["original"]])
   n = len(want["input_ids"])
   rows = {k: [] for k in want}
-  for batch in pipeline.eval_batches(made["original"], 64, max_seq_length=L,
+  for batch in evaluation.eval_batches(made["original"], 64, max_seq_length=L,
                                      max_predictions_per_seq=P,
                                      process_index=0, process_count=1):
     real = batch[schema.EXAMPLE_WEIGHT_KEY] > 0

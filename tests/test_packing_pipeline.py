@@ -12,6 +12,7 @@ import pytest
 
 from bertjax.create import demo
 from bertjax.input import packing
+from bertjax.input import evaluation
 from bertjax.input import pipeline
 from bertjax.records import schema
 from bertjax.text import vocab as vocab_lib
@@ -122,12 +123,12 @@ def test_too_few_rows_leave_examples_out_and_count_them(dataset):
 
 @pytest.mark.parametrize("process_count", [1, 2])
 def test_packed_evaluation_reads_every_record_once(dataset, process_count):
-  plain = pipeline.eval_batches(os.path.join(dataset, "part-*"), 16, max_seq_length=L,
+  plain = evaluation.eval_batches(os.path.join(dataset, "part-*"), 16, max_seq_length=L,
                                 max_predictions_per_seq=P, process_index=0, process_count=1)
   want = collections.Counter(e for b in plain for e in examples_of(b))
   got, counts = collections.Counter(), set()
   for h in range(process_count):
-    batches = pipeline.eval_batches(
+    batches = evaluation.eval_batches(
         os.path.join(dataset, "part-*"), 16, max_seq_length=L, max_predictions_per_seq=P,
         process_index=h, process_count=process_count, packing=OPTIONS)
     delivered = list(batches)
@@ -168,9 +169,9 @@ def test_records_of_the_original_release_pack(tmp_path):
                   "--max_predictions_per_seq=20", "--dupe_factor=1", "--short_seq_prob=0.5",
                   "--random_seed=1"], check=True, capture_output=True, timeout=600)
   kw = dict(max_seq_length=128, max_predictions_per_seq=20, process_index=0, process_count=1)
-  plain = pipeline.eval_batches(str(out), 16, **kw)
+  plain = evaluation.eval_batches(str(out), 16, **kw)
   want = collections.Counter(e for b in plain for e in examples_of(b))
-  batches = pipeline.eval_batches(str(out), 16, packing={"rows": 16, "max_examples_per_row": 4},
+  batches = evaluation.eval_batches(str(out), 16, packing={"rows": 16, "max_examples_per_row": 4},
                                   **kw)
   got = collections.Counter(e for b in batches for e in unpack(b))
   assert got == want and sum(want.values()) > 16

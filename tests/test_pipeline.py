@@ -11,6 +11,7 @@ import pytest
 
 from bertjax.create import records
 from bertjax.input import device as device_lib
+from bertjax.input import evaluation
 from bertjax.input import pipeline
 from bertjax.records import schema
 from bertjax.records import tfrecord
@@ -250,7 +251,7 @@ def test_eval_batches_count_every_example_once(dataset, count):
   directory, examples = dataset
   per_host = []
   for h in range(count):
-    per_host.append(list(pipeline.eval_batches(
+    per_host.append(list(evaluation.eval_batches(
         pattern(directory), 48, max_seq_length=L, max_predictions_per_seq=P,
         process_index=h, process_count=count)))
   assert {len(batches) for batches in per_host} == {-(-N // 48)}
@@ -264,7 +265,7 @@ def test_eval_batches_count_every_example_once(dataset, count):
       assert np.all(b["masked_lm_weights"][pad] == 0)
       assert b["input_ids"].shape == (48 // count, L)
   assert pads == -(-N // 48) * 48 - N
-  again = pipeline.eval_batches(pattern(directory), 48, max_seq_length=L,
+  again = evaluation.eval_batches(pattern(directory), 48, max_seq_length=L,
                                 max_predictions_per_seq=P, process_index=0,
                                 process_count=count, max_batches=2)
   got = list(again)

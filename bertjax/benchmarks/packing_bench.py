@@ -38,6 +38,7 @@ import jax
 from bertjax.benchmarks import create_data_bench
 from bertjax.benchmarks import step_vs_hf
 from bertjax.create import demo
+from bertjax.input import evaluation
 from bertjax.input import pipeline
 
 LENGTHS = {128: 20, 512: 80}
@@ -46,7 +47,7 @@ PER_ROW = 4  # packing max_examples_per_row
 
 
 def _eval(pattern, length, batch, **kw):
-  return pipeline.eval_batches(pattern, batch, max_seq_length=length,
+  return evaluation.eval_batches(pattern, batch, max_seq_length=length,
                                max_predictions_per_seq=LENGTHS[length], process_index=0,
                                process_count=1, **kw)
 

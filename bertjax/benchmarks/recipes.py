@@ -26,7 +26,7 @@ import numpy as np
 from bertjax import downstream
 from bertjax.convert import export
 from bertjax.create import demo
-from bertjax.input import pipeline
+from bertjax.input import evaluation
 from bertjax.model.bert import BertForPreTraining
 from bertjax.tasks import loop as task_loop
 from bertjax.tasks import registry
@@ -169,7 +169,7 @@ def mlm_accuracy(checkpoint: str, pattern: str, max_batches: Optional[int] = Non
   model = BertForPreTraining(config)
   run = jax.jit(lambda p, b: step_lib.loss_sums(p, model.apply, b, None, True))
   hits = weight = 0.0
-  for batch in pipeline.eval_batches(pattern, EVAL_BATCH, max_seq_length=128,
+  for batch in evaluation.eval_batches(pattern, EVAL_BATCH, max_seq_length=128,
                                      max_predictions_per_seq=20, max_batches=max_batches,
                                      process_index=0, process_count=1):
     sums = run(params, batch)

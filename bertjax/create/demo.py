@@ -213,7 +213,7 @@ def ensure_demo_data(data_dir: str, *, vocab_size: int = 6000,
   phase length L in `phases` (max_seq_length -> max_predictions_per_seq,
   default {128: 20, 512: 80}), the glob is `data_dir/{split}_{L}/part-*.tfrecord`
   (metadata.json beside the shards), the file pattern pipeline.TrainSource
-  and pipeline.eval_batches take. The documents are split between train and
+  and evaluation.eval_batches take. The documents are split between train and
   eval at random (seeded), disjointly.
 
   Another `objective` (schema.OBJECTIVES) makes the training records for it

@@ -20,7 +20,7 @@ from absl import logging
 from jax.experimental import multihost_utils
 
 from bertjax.input import device as device_lib
-from bertjax.input import pipeline
+from bertjax.input import evaluation
 from bertjax.model.config import BertConfig
 from bertjax.train import checkpoint as ckpt_lib
 from bertjax.train import evaluate as eval_lib
@@ -198,7 +198,7 @@ class Trainer:
   def evaluate(self, phase) -> dict[str, float]:
     config = self.run.config
     with self.logger.clock.measure("eval"):
-      batches = pipeline.eval_batches(
+      batches = evaluation.eval_batches(
           phase.eval_files, phase.global_batch_size, max_seq_length=phase.max_seq_length,
           max_predictions_per_seq=phase.max_predictions_per_seq,
           process_index=jax.process_index(), process_count=jax.process_count(),
