@@ -66,8 +66,10 @@ def scaled_to_demo(config, total_steps: int):
   """
   tiny = paper_config(total_steps)
   base = config_module("base").get_config()
-  per_batch = lambda c: (c.optimizer.learning_rate
-                         / next(iter(c.phases.values())).global_batch_size ** 0.5)
+
+  def per_batch(c):  # The peak rate over the root of the first phase's batch.
+    return c.optimizer.learning_rate / next(iter(c.phases.values())).global_batch_size ** 0.5
+
   config.optimizer.learning_rate = (tiny.optimizer.learning_rate
                                     * per_batch(config) / per_batch(base))
   config.total_steps = total_steps
