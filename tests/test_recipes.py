@@ -1,5 +1,8 @@
 """The recipe benchmarks' demo-scale configs."""
 
+import pytest
+
+from bertjax.benchmarks import downstream_budget
 from bertjax.benchmarks import recipes
 
 
@@ -18,3 +21,18 @@ def test_demo_scale_keeps_the_recipes_learning_rate_ratio_at_equal_batch():
   assert modern.phases.seq128.global_batch_size == paper.phases.seq128.global_batch_size
   assert modern.model.hidden_size == paper.model.hidden_size
   assert list(modern.phases) == ["seq128"] and modern.total_steps == 100
+
+
+def test_downstream_budget_names_the_bad_flag(tmp_path):
+  (tmp_path / "paper").mkdir()
+  cases = {
+      ("paper",): "--checkpoint='paper': expected NAME=PATH",
+      ("paper=missing",): "missing is not a directory",
+  }
+  for specs, message in cases.items():
+    with pytest.raises(SystemExit, match=message):
+      downstream_budget._checkpoints(list(specs), str(tmp_path), random_init=False)
+  with pytest.raises(SystemExit, match="at least one --checkpoint"):
+    downstream_budget._checkpoints([], str(tmp_path), random_init=False)
+  got = downstream_budget._checkpoints(["p=paper"], str(tmp_path), random_init=True)
+  assert got == {"p": str(tmp_path / "paper"), "random init": ""}

@@ -186,13 +186,19 @@ def score_curve(curve: Curve, pattern: str, max_batches: Optional[int]) -> None:
       for s in curve.steps]
 
 
-def finetune(checkpoint: str, root: str, workdir: str) -> float:
+def finetune(checkpoint: str, root: str, workdir: str, *, num_epochs: Optional[float] = None,
+             seed: int = 0) -> float:
   """Dev accuracy of the demo's downstream task fine-tuned from `checkpoint`
-  (configs/finetune/demo.py; the same budget and seed for every checkpoint)."""
+  (configs/finetune/demo.py; the same budget and seed for every checkpoint
+  unless num_epochs or seed say otherwise). An empty `checkpoint` starts
+  from random initialisation with the demo model's architecture."""
   config = downstream.demo_config()
   config.within_workdir = False
   config.random_init_baseline = False
   config.init_from = checkpoint
+  config.seed = seed
+  if num_epochs is not None:
+    config.num_epochs = num_epochs
   config.data_dir = os.path.join(root, "demo_data")
   config.vocab_file = os.path.join(root, "demo_data", "vocab.txt")
   results = downstream.finetune(config, workdir)
