@@ -218,11 +218,12 @@ def tied_logits(x_BxPxD, table_VxD, bias_V, config: BertConfig):
   _check_table_layout()
   x_BxPxD = nn.with_logical_constraint(x_BxPxD, BATCH_PREDICTIONS_EMBED)
   if table_VxD.shape[0] != config.vocab_size:
-    # The padding rides on the bias, whose add XLA fuses into the product,
-    # instead of a select over every logit: PADDED_LOGIT plus a product below
-    # 2**100 in size rounds to PADDED_LOGIT. The padded columns' softmax
-    # weight is 0, so they add nothing to the other gradients, and the
-    # where passes none to the bias parameter's padded entries.
+    # The padding rides on the bias, whose add XLA's CPU backend fuses with
+    # the product, instead of a select over every logit: PADDED_LOGIT plus a
+    # product below 2**100 in size rounds to PADDED_LOGIT. The padded
+    # columns' softmax weight is 0, so they add nothing to the other
+    # gradients, and the where passes none to the bias parameter's padded
+    # entries.
     column_V = jnp.arange(bias_V.shape[0])
     bias_V = jnp.where(column_V < config.vocab_size, bias_V.astype(jnp.float32), PADDED_LOGIT)
   return tied_decoder(x_BxPxD, table_VxD, bias_V, config.compute_dtype)
