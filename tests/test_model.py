@@ -1,6 +1,7 @@
 """Unit tests of the BERT model on tiny configs (CPU, fp32 unless stated)."""
 
 import functools
+import re
 
 import flax.linen as nn
 import jax
@@ -478,3 +479,39 @@ def test_sum_rows_is_the_column_sum(rows):
   x = np.random.default_rng(rows).normal(size=(rows, 96)).astype(np.float32)
   np.testing.assert_allclose(np.asarray(layers.sum_rows(jnp.asarray(x))),
                              x.astype(np.float64).sum(0), rtol=1e-5, atol=1e-5)
+
+
+def _scatter_result_types(stablehlo: str) -> list[str]:
+  """The result type of every scatter in lowered StableHLO text."""
+  types = []
+  for op in re.finditer(r'"stablehlo\.scatter"', stablehlo):
+    signature = stablehlo.index("}) : (", op.end())
+    types.append(re.match(r"\}\) : \(.*?\) -> (tensor<[^>]*>)", stablehlo[signature:]).group(1))
+  return types
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_embedding_gradients_scatter_only_into_the_word_table_in_fp32(packed):
+  """With bf16 compute the lookups' gradients add up in fp32: the word table's
+  is the one scatter-add into a table (in fp32), the position table's only
+  with packed rows' position ids, and the segment table's none."""
+  config = tiny(dtype="bfloat16", hidden_dropout_rate=0.0, attention_dropout_rate=0.0)
+  params = init_params(config)
+  batch = {k: jnp.asarray(v) for k, v in make_batch().items()}
+  if packed:
+    batch.update(packed_example_ids=batch["input_mask"],
+                 position_ids=jnp.broadcast_to(jnp.arange(LENGTH), (BATCH, LENGTH)),
+                 next_sentence_positions=jnp.zeros((BATCH, 1), jnp.int32))
+
+  def loss(params):
+    out = BertForPreTraining(config).apply(params, **batch, sequence_output=False)
+    return jnp.sum(out["mlm_logits"][..., :TINY["vocab_size"]]) + jnp.sum(out["nsp_logits"])
+  types = _scatter_result_types(jax.jit(jax.grad(loss)).lower(params).as_text())
+  D = TINY["hidden_size"]
+  word = f"tensor<{config.padded_vocab_size}x{D}xf32>"
+  position = f"tensor<{TINY['max_position_embeddings']}x{D}xf32>"
+  assert types.count(word) == 1
+  assert types.count(position) == (1 if packed else 0)
+  tables = (config.padded_vocab_size, TINY["max_position_embeddings"], config.type_vocab_size)
+  into_tables = [t for t in types if any(t.startswith(f"tensor<{n}x{D}x") for n in tables)]
+  assert sorted(into_tables) == sorted([word] + ([position] if packed else []))

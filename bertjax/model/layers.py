@@ -183,10 +183,18 @@ class Embeddings(nn.Module):
       raise ValueError(
           f"sequence length {length} exceeds model.max_position_embeddings="
           f"{self.config.max_position_embeddings}")
-    x_BxLxD = (self.word_embeddings(ids_BxL)
-               + self.position_embeddings(jnp.arange(length)[None, :]
-                                          if position_ids_BxL is None else position_ids_BxL)
-               + self.token_type_embeddings(segment_ids_BxL))
+    # The tables are read in the parameter dtype (fp32) and the sum normalised
+    # in fp32, so no lookup's gradient is a scatter-add in the compute
+    # dtype: added up in bf16 on a GPU, where the rows that every sequence
+    # shares ([CLS], [SEP], padding, each position, each segment) take
+    # thousands of colliding additions, it was half of BERT-BASE's step
+    # (docs/benchmarks.md). Unpacked positions are a slice and the segment
+    # rows a selection, so their gradients are sums, not scatter-adds.
+    positions_PxD = self.position_embeddings.embedding
+    x_BxLxD = (jnp.take(self.word_embeddings.embedding, ids_BxL, axis=0)
+               + (positions_PxD[None, :length] if position_ids_BxL is None
+                  else jnp.take(positions_PxD, position_ids_BxL, axis=0))
+               + small_table_rows(self.token_type_embeddings.embedding, segment_ids_BxL))
     x_BxLxD = self.layer_norm(x_BxLxD).astype(self.config.compute_dtype)
     x_BxLxD = self.dropout(x_BxLxD, deterministic=deterministic)
     return nn.with_logical_constraint(x_BxLxD, BATCH_LENGTH_EMBED)
@@ -195,6 +203,19 @@ class Embeddings(nn.Module):
     """Logits [B, P, padded vocab] in fp32 against the word table plus a bias
     (the tied MLM decoder), padded columns at the most negative float."""
     return tied_logits(x_BxPxD, self.word_embeddings.embedding, bias_V, self.config)
+
+
+def small_table_rows(table_VxD, ids):
+  """table_VxD[ids] for a table of a few rows (the segment embeddings).
+
+  Selected row by row, so the table's gradient is a masked sum per row (a
+  reduction) instead of a scatter-add; ids outside [0, V) give NaN, as
+  jnp.take's default does.
+  """
+  out = jnp.full(ids.shape + table_VxD.shape[1:], jnp.nan, table_VxD.dtype)
+  for v in range(table_VxD.shape[0]):
+    out = jnp.where((ids == v)[..., None], table_VxD[v], out)
+  return out
 
 
 def tied_logits(x_BxPxD, table_VxD, bias_V, config: BertConfig):

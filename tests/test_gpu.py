@@ -1,0 +1,109 @@
+"""cuDNN attention and the pretraining model on a GPU, against XLA attention there.
+
+Skipped where JAX has no GPU (CI has none); on a GPU host:
+`python -m pytest tests/test_gpu.py`. test_attention.py checks the same
+jax.nn.dot_product_attention call with implementation="xla" on any backend;
+here cuDNN's own kernel runs, and each test first checks that the compiled
+program calls it.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bertjax.model import attention
+from bertjax.model.bert import BertForPreTraining
+from bertjax.model.config import BertConfig
+from bertjax.records import schema
+from bertjax.train import step as step_lib
+
+pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
+
+B, L, N, H = 4, 128, 4, 64
+LENGTHS = (128, 70, 33, 1)  # Right padding, as BERT's input_mask; one row of [CLS] alone.
+TOL = 2e-2  # bf16, relative to the largest magnitude.
+
+
+def _calls_cudnn(fn, *args) -> bool:
+  """Whether the compiled program calls cuDNN's fused attention (its custom calls
+  are named __cudnn$fmha...)."""
+  return "__cudnn$fmha" in jax.jit(fn).lower(*args).compile().as_text()
+
+
+def _close(got, want, what):
+  np.testing.assert_allclose(got, want, rtol=0, atol=TOL * float(np.abs(want).max()),
+                             err_msg=what)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_cudnn_attention_matches_xla_forward_and_gradient(causal):
+  rng = np.random.default_rng(0)
+  q, k, v, w = (jnp.asarray(rng.normal(size=(B, L, N, H)), jnp.bfloat16) for _ in range(4))
+  mask = jnp.asarray(np.arange(L)[None, :] < np.array(LENGTHS)[:, None])
+  real = mask[:, :, None, None].astype(jnp.bfloat16)
+  cudnn = lambda q, k, v: attention.cudnn_attention(q, k, v, mask, causal=causal)
+  xla = lambda q, k, v: attention.xla_attention(q, k, v, mask, causal=causal)
+  assert _calls_cudnn(cudnn, q, k, v)
+
+  def value_and_grads(fn):
+    loss = lambda q, k, v: jnp.sum((fn(q, k, v) * w * real).astype(jnp.float32))
+    out = jax.jit(fn)(q, k, v).astype(jnp.float32)
+    return np.asarray(out), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+
+  out, grads = value_and_grads(cudnn)
+  ref, ref_grads = value_and_grads(xla)
+  # Padded queries: cuDNN gives 0, XLA attends to the real keys; neither is read.
+  keep = np.asarray(mask)
+  _close(out[keep], ref[keep], "output")
+  for name, g, r in zip("qkv", grads, ref_grads):
+    _close(np.asarray(g.astype(jnp.float32)), np.asarray(r.astype(jnp.float32)), f"d{name}")
+
+
+def _batch(vocab: int, P: int = 20, seed: int = 0):
+  rng = np.random.default_rng(seed)
+  lengths = rng.integers(24, L + 1, 8)
+  lengths[0] = L
+  mask = (np.arange(L)[None, :] < lengths[:, None]).astype(np.int32)
+  ids = rng.integers(5, vocab, (8, L)).astype(np.int32) * mask
+  positions = np.stack([np.sort(rng.choice(np.arange(1, n - 1), P, replace=False))
+                        for n in lengths]).astype(np.int32)
+  return {"input_ids": ids, "input_mask": mask,
+          "segment_ids": (np.arange(L)[None, :] >= lengths[:, None] // 2).astype(np.int32) * mask,
+          "masked_lm_positions": positions,
+          "masked_lm_ids": np.take_along_axis(ids, positions, 1),
+          "masked_lm_weights": np.ones((8, P), np.float32),
+          "next_sentence_labels": rng.integers(0, 2, 8).astype(np.int32),
+          schema.EXAMPLE_WEIGHT_KEY: np.ones(8, np.float32)}
+
+
+def test_pretraining_loss_and_gradients_with_auto_attention_match_xla():
+  """attention_impl='auto' takes cuDNN on a GPU (bf16, no attention dropout) and
+  gives the XLA model's loss and gradients on the same parameters and batch."""
+  dims = dict(vocab_size=1000, hidden_size=256, num_layers=2, num_heads=4,
+              intermediate_size=1024, max_position_embeddings=L, hidden_dropout_rate=0.1,
+              attention_dropout_rate=0.0, dtype="bfloat16")
+  batch = {k: jnp.asarray(v) for k, v in _batch(dims["vocab_size"]).items()}
+  models = {impl: BertForPreTraining(BertConfig(**dims, attention_impl=impl))
+            for impl in ("auto", "xla")}
+  params = nn.unbox(models["xla"].init(
+      {"params": jax.random.key(0)}, batch["input_ids"], batch["input_mask"],
+      batch["segment_ids"], batch["masked_lm_positions"])["params"])
+
+  def loss(params, impl):
+    sums = step_lib.loss_sums(params, models[impl].apply, batch, jax.random.key(1),
+                              deterministic=False)
+    return sums["mlm_loss"] / sums["mlm_weight"] + sums["nsp_loss"] / sums["nsp_weight"]
+
+  assert _calls_cudnn(lambda p: loss(p, "auto"), params)
+  assert not _calls_cudnn(lambda p: loss(p, "xla"), params)
+  got, got_grads = jax.jit(jax.value_and_grad(loss), static_argnums=1)(params, "auto")
+  want, want_grads = jax.jit(jax.value_and_grad(loss), static_argnums=1)(params, "xla")
+  np.testing.assert_allclose(float(got), float(want), rtol=1e-2)
+  # All gradients as one vector (some leaves, the key biases', are zero up to
+  # rounding noise, so a per-leaf relative bound says nothing there).
+  flat = lambda tree: np.concatenate([np.ravel(np.asarray(x, np.float32))
+                                      for x in jax.tree.leaves(tree)])
+  g, w = flat(got_grads), flat(want_grads)
+  assert np.linalg.norm(g - w) <= TOL * np.linalg.norm(w)
