@@ -510,8 +510,6 @@ def test_embedding_gradients_scatter_only_into_the_word_table_in_fp32(packed):
   D = TINY["hidden_size"]
   word = f"tensor<{config.padded_vocab_size}x{D}xf32>"
   position = f"tensor<{TINY['max_position_embeddings']}x{D}xf32>"
-  assert types.count(word) == 1
-  assert types.count(position) == (1 if packed else 0)
   tables = (config.padded_vocab_size, TINY["max_position_embeddings"], config.type_vocab_size)
   into_tables = [t for t in types if any(t.startswith(f"tensor<{n}x{D}x") for n in tables)]
   assert sorted(into_tables) == sorted([word] + ([position] if packed else []))
