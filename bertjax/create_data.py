@@ -12,6 +12,7 @@ cores, streams, and resumes where it stopped when rerun with the same flags.
 an Apache Beam pipeline; further Beam options follow the flags.
 """
 
+import os
 import sys
 
 from absl import app
@@ -92,6 +93,9 @@ _NO_PROGRESS = flags.DEFINE_bool("no_progress", False, "Hide the progress bar.")
 
 
 def main(argv):
+  # Creation does no linear algebra: one OpenBLAS thread, not one per core
+  # polling for work in every process.
+  os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
   from bertjax.create import creation  # pylint: disable=g-import-not-at-top
   from bertjax.create import documents  # pylint: disable=g-import-not-at-top
   pipeline_args = argv[1:]

@@ -3,6 +3,7 @@
 import collections
 import dataclasses
 import filecmp
+import gc
 import multiprocessing
 import os
 import random
@@ -159,6 +160,33 @@ def test_one_and_two_workers_give_identical_bytes(setup, tmp_path):
                                    setup["config"], out2, num_workers=2,
                                    source="test", show_progress=True)
   _same_files(setup["out1"], out2)
+
+
+def test_one_worker_runs_in_process_with_one_tokenizer(setup, tmp_path,
+                                                       monkeypatch):
+  """One worker: the tasks run here with the tokenizer the run loaded, under
+  tasks.GC_THRESHOLD, and the caller's thresholds come back afterwards."""
+  loads, seen = [], []
+  load = creation.TokenizerSpec.load
+  monkeypatch.setattr(creation.TokenizerSpec, "load",
+                      lambda self: loads.append(1) or load(self))
+  map_task = tasks.map_task
+  monkeypatch.setattr(tasks, "map_task", lambda *a: seen.append(
+      gc.get_threshold()) or map_task(*a))
+  before = (1234, 11, 12)
+  old = gc.get_threshold()
+  gc.set_threshold(*before)
+  try:
+    creation.create_pretraining_data(
+        setup["shards"], setup["spec"], setup["config"], str(tmp_path / "w"),
+        num_workers=1, source="test", show_progress=False)
+    after = gc.get_threshold()
+  finally:
+    gc.set_threshold(*old)
+  assert len(loads) == 1
+  assert seen and set(seen) == {tasks.GC_THRESHOLD}
+  assert after == before
+  _same_files(setup["out1"], str(tmp_path / "w"))
 
 
 @pytest.mark.parametrize("spill_bytes", [5000, 60000])

@@ -33,6 +33,7 @@ import collections
 import concurrent.futures
 import contextlib
 import dataclasses
+import gc
 import json
 import multiprocessing
 import os
@@ -170,7 +171,7 @@ def create_pretraining_data(
       os.path.join(output_dir, records.shard_name(s, S)))]
   start = time.time()
   with _worker_pool(num_workers, max(len(shards), R, len(todo_shards)),
-                    config, tokenizer_spec, show_progress) as run:
+                    config, tokenizer_spec, tokenizer, show_progress) as run:
     read = run("reading input", reads, lambda i: (
         tasks.read_task, shards[i], work_dir, R),
                lambda i: tasks.read_done(work_dir, "read", i))
@@ -201,25 +202,28 @@ def create_pretraining_data(
 
 
 @contextlib.contextmanager
-def _worker_pool(num_workers, num_tasks, config, tokenizer_spec,
+def _worker_pool(num_workers, num_tasks, config, tokenizer_spec, tokenizer,
                  show_progress):
   """Yields `run(desc, indices, task, done=None)`, which runs the tasks of a
-  step in a pool of spawned processes (or here, for one worker) and returns
-  their results by index.
+  step in a pool of spawned processes (or here, for one worker, with the
+  tokenizer already loaded) and returns their results by index.
 
   `task(i)` gives (function, *args) of task i; `done(i)`, the result of a
   task finished by an earlier run, or None. A worker that dies (killed, out
   of memory) breaks the pool, and the run stops with an error instead of
   waiting for it.
   """
+  gc_threshold = gc.get_threshold()
   if num_workers == 1 or num_tasks <= 1:
-    tasks.worker_init(config, tokenizer_spec)
+    tasks.worker_init(config, tokenizer_spec, tokenizer)
+    gc.set_threshold(*tasks.GC_THRESHOLD)
     pool = None
   else:
     ctx = multiprocessing.get_context("spawn")
     pool = concurrent.futures.ProcessPoolExecutor(
         min(num_workers, num_tasks), mp_context=ctx,
-        initializer=tasks.worker_init, initargs=(config, tokenizer_spec))
+        initializer=tasks.worker_process_init,
+        initargs=(config, tokenizer_spec))
 
   def run(desc: str, indices, task: Callable[[int], tuple],
           done: Callable[[int], Any] = lambda i: None) -> dict[int, Any]:
@@ -228,6 +232,7 @@ def _worker_pool(num_workers, num_tasks, config, tokenizer_spec,
   try:
     yield run
   finally:
+    gc.set_threshold(*gc_threshold)
     if pool is not None:
       pool.shutdown(cancel_futures=True)
 

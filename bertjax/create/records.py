@@ -180,8 +180,8 @@ class ExampleEncoder:
     if top >= len(self._varint_num):
       self._varint_words, self._varint_num = _varint_table(
           min(max(2 * top, 1 << 14), max(top + 1, 1 << 28)))
-    num = self._varint_num[values]
-    words = self._varint_words[values.ravel()]
+    num = np.take(self._varint_num, values)  # np.take: see _concat_rows.
+    words = np.take(self._varint_words, values.ravel())
     ends = np.cumsum(num, dtype=np.int64)
     starts = ends - num.ravel()
     out = np.empty(int(ends[-1]) if len(ends) else 0, np.uint8)
@@ -245,7 +245,9 @@ def _concat_rows(parts) -> tuple[np.ndarray, np.ndarray]:
   starts = ends - counts_BxS
   index = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int32)
   index += np.repeat((src_BxS - starts).astype(np.int32), counts_BxS)
-  return np.concatenate(sources)[index], starts[::len(parts)]
+  # np.take, not [index]: numpy's fancy indexing takes an int32 index
+  # through a slower path (about 3x slower here).
+  return np.take(np.concatenate(sources), index), starts[::len(parts)]
 
 
 def _masked_crc(data: bytes) -> bytes:

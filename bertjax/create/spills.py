@@ -21,6 +21,9 @@ from typing import Iterator, Sequence
 import numpy as np
 
 
+WRITE_BUFFER_BYTES = 1 << 20
+
+
 def key_dtype(key_width: int) -> np.dtype:
   """A run's `.keys` entry: the key and the entry's length in bytes."""
   return np.dtype([("key", f"S{key_width}"), ("length", "<u4")])
@@ -65,7 +68,9 @@ class SpillWriter:
     order = np.lexsort([keys["key"], parts])  # By part, then by key.
     path = os.path.join(self.directory, f"run-{self.runs:05d}")
     views = [memoryview(b) for b in self._blobs]
-    with open(path + ".bin", "wb") as f:
+    # The pieces are records of hundreds of bytes: a large buffer makes few
+    # write calls of them (with the default 8 KiB, tens of thousands).
+    with open(path + ".bin", "wb", buffering=WRITE_BUFFER_BYTES) as f:
       f.writelines([views[b][a:a + n] for b, a, n in zip(
           blob_of[order].tolist(), starts[order].tolist(), lengths[order].tolist())])
     keys[order].tofile(path + ".keys")

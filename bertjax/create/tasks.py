@@ -15,6 +15,7 @@ size of the input, a partition or an output shard.
 """
 
 import collections
+import gc
 import json
 import os
 import shutil
@@ -28,20 +29,34 @@ from bertjax.create import spills
 from bertjax.records import fileio
 
 _WORKER = {}
+# The cyclic garbage collector's thresholds while tasks run. Creation makes
+# millions of short-lived objects and few reference cycles; collecting the
+# youngest generation every 10,000 allocations instead of Python's 700 takes
+# its share of a run's CPU time from about 3% to 1%.
+GC_THRESHOLD = (10_000, 10, 10)
 
 
 def worker_init(config: mapper.CreationConfig,
-                tokenizer_spec: mapper.TokenizerSpec) -> None:
-  """Sets what the tasks of this process share (the tokenizer on demand)."""
+                tokenizer_spec: mapper.TokenizerSpec, tokenizer=None) -> None:
+  """Sets what the tasks of this process share: the tokenizer, loaded from
+  the spec on demand unless given (the one already loaded in this process)."""
   os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
   _WORKER.clear()
-  _WORKER.update(config=config, spec=tokenizer_spec)
+  _WORKER.update(config=config, spec=tokenizer_spec, tokenizer=tokenizer)
+
+
+def worker_process_init(config: mapper.CreationConfig,
+                        tokenizer_spec: mapper.TokenizerSpec) -> None:
+  """worker_init for a worker process of a pool, which also collects garbage
+  at GC_THRESHOLD."""
+  gc.set_threshold(*GC_THRESHOLD)
+  worker_init(config, tokenizer_spec)
 
 
 def _mapper() -> mapper.ShardMapper:
   if "mapper" not in _WORKER:
-    _WORKER["mapper"] = mapper.ShardMapper(_WORKER["config"],
-                                           _WORKER["spec"].load())
+    _WORKER["mapper"] = mapper.ShardMapper(
+        _WORKER["config"], _WORKER["tokenizer"] or _WORKER["spec"].load())
   return _WORKER["mapper"]
 
 
