@@ -104,7 +104,7 @@ def get_config() -> ml_collections.ConfigDict:
       ("activation_kv", None),
       ("activation_mlp", "tensor"),
       ("vocab", ("tensor", "fsdp")),  # The word table and MLM bias: their vocab axis carries all the sharding ...
-      ("vocab_embed", None),  # ... and the table's embed axis none: XLA miscompiles gradients with it on fsdp while the batch is too (model/layers.py: tied_logits).
+      ("vocab_embed", None),  # ... and the table's embed axis none: XLA miscompiles gradients with it on fsdp while the batch is too (model/decoder.py: tied_logits).
       ("embed", "fsdp"),
       ("heads", "tensor"),
       ("kv", None),

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from bertjax.model import attention
+from bertjax.model import decoder
 from bertjax.model import dropout
 from bertjax.model import layers
 from bertjax.model.bert import BertForPreTraining
@@ -278,7 +279,7 @@ def test_padded_vocab_leaves_the_pretraining_loss_unchanged():
   inputs = make_batch()
   padded_logits = apply(padded, padded_params, inputs)["mlm_logits"]
   assert padded_logits.shape[-1] == 128
-  assert (padded_logits[..., 97:] == layers.PADDED_LOGIT).all()
+  assert (padded_logits[..., 97:] == decoder.PADDED_LOGIT).all()
   np.testing.assert_allclose(padded_logits[..., :97], apply(unpadded, params, inputs)["mlm_logits"],
                              rtol=1e-5, atol=1e-5)
   grads, sums = sums_and_grads(unpadded, params)
@@ -429,56 +430,6 @@ def test_dropout_keep_mask_is_jax_threefry_in_one_pass():
   np.testing.assert_array_equal(np.asarray(dropout.keep_mask(key, shape, rate)), expected)
   compiled = jax.jit(lambda k: dropout.keep_mask(k, shape, rate)).lower(key).compile()
   assert " while(" not in compiled.as_text()
-
-
-def _equations(jaxpr):
-  """Every equation of a jaxpr, nested ones included."""
-  for eqn in jaxpr.eqns:
-    yield eqn
-    for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-      yield from _equations(sub)
-
-
-def test_tied_decoder_bias_gradient_is_an_fp32_sum():
-  """Not a ones-vector matmul, which runs at bf16 (TPU) or TF32 (GPU) by default."""
-  x, table, bias = jnp.ones((3, 5, 16)), jnp.ones((256, 16)), jnp.ones((256,))
-  grad_bias = lambda b: jax.grad(
-      lambda b: jnp.sum(layers.tied_decoder(x, table, b, jnp.dtype(jnp.bfloat16))))(b)
-  eqns = list(_equations(jax.make_jaxpr(grad_bias)(bias).jaxpr))
-  dots = [e for e in eqns if e.primitive.name == "dot_general"]
-  # The forward product; the gradients of x and of the table. None for the bias.
-  assert len(dots) == 3, [e.outvars[0].aval for e in dots]
-  assert not any(e.outvars[0].aval.shape in ((256,), (1, 256)) for e in dots)
-  sums = [e for e in eqns if e.primitive.name == "reduce_sum"
-          and e.outvars[0].aval.shape == (256,)]
-  assert sums and all(e.outvars[0].aval.dtype == jnp.float32 for e in sums)
-
-
-@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])
-def test_tied_decoder_gradient_matches_autodiff(dtype, tol):
-  rng = np.random.default_rng(0)
-  x = jnp.asarray(rng.normal(size=(3, 5, 16)), jnp.float32)
-  table = jnp.asarray(rng.normal(size=(256, 16)) * 0.1, jnp.float32)
-  bias = jnp.asarray(rng.normal(size=(256,)), jnp.float32)
-  weights = jnp.asarray(rng.normal(size=(3, 5, 256)), jnp.float32)
-
-  def loss(decode, *args):
-    return jnp.sum(decode(*args, jnp.dtype(dtype)) * weights)
-
-  fast = jax.grad(functools.partial(loss, layers.tied_decoder), argnums=(0, 1, 2))(
-      x, table, bias)
-  plain = jax.grad(functools.partial(loss, layers._decode), argnums=(0, 1, 2))(  # pylint: disable=protected-access
-      x, table, bias)
-  for a, b, name in zip(fast, plain, ("x", "table", "bias")):
-    assert a.dtype == b.dtype, name
-    np.testing.assert_allclose(a, b, rtol=tol, atol=tol * np.abs(b).max(), err_msg=name)
-
-
-@pytest.mark.parametrize("rows", [1, 7, 8, 15, 640])
-def test_sum_rows_is_the_column_sum(rows):
-  x = np.random.default_rng(rows).normal(size=(rows, 96)).astype(np.float32)
-  np.testing.assert_allclose(np.asarray(layers.sum_rows(jnp.asarray(x))),
-                             x.astype(np.float64).sum(0), rtol=1e-5, atol=1e-5)
 
 
 def _scatter_result_types(stablehlo: str) -> list[str]:

@@ -5,7 +5,7 @@ weights before a projection onto a table laid out [tensor, fsdp] when the
 batch is split over (data, fsdp): `miscompile_gradients` below reproduces it
 in plain JAX. bertjax fences it off with the word table's own embed axis
 name ('vocab_embed', kept off the batch's mesh axes by the rules and by
-layers.tied_logits). Here the pretraining model and every fine-tuning head
+decoder.tied_logits). Here the pretraining model and every fine-tuning head
 differentiate on 8 CPU devices under the rules table and are compared with
 one device. The work runs in a child process (this file as a script; see
 jax_child.py).
@@ -150,7 +150,7 @@ def reproduction(tmp_path_factory):
 @pytest.mark.xfail(strict=True, reason=(
     "XLA (jax 0.10.2, CPU) computes wrong gradients before a projection onto a table laid "
     "out [tensor, fsdp] with the batch split over (data, fsdp). When this passes, the "
-    "compiler is fixed: the fence in layers.tied_logits may then be relaxed."))
+    "compiler is fixed: the fence in decoder.tied_logits may then be relaxed."))
 def test_plain_jax_reproduction_of_the_miscompile(reproduction):
   w_err, scale_err, table_err = reproduction["bad"]
   assert table_err < 1e-5  # The table's own gradient is right ...
@@ -176,7 +176,7 @@ def test_rules_that_put_the_tables_embed_axis_on_a_batch_axis_are_refused():
   import flax.linen as nn  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
 
-  from bertjax.model import layers  # pylint: disable=g-import-not-at-top
+  from bertjax.model import decoder  # pylint: disable=g-import-not-at-top
   from bertjax.model.config import BertConfig  # pylint: disable=g-import-not-at-top
   c = BertConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_layers=1, num_heads=NUM_HEADS,
                  intermediate_size=MLP)
@@ -184,11 +184,11 @@ def test_rules_that_put_the_tables_embed_axis_on_a_batch_axis_are_refused():
   bad = (("activation_batch", ("data", "fsdp")), ("vocab", "tensor"), ("vocab_embed", "fsdp"))
   with nn.logical_axis_rules(bad):
     with pytest.raises(ValueError, match="vocab_embed.*fsdp"):
-      layers.tied_logits(x, table, bias, c)
+      decoder.tied_logits(x, table, bias, c)
   good = (("activation_batch", ("data", "fsdp")), ("vocab", ("tensor", "fsdp")),
           ("vocab_embed", None))
   with nn.logical_axis_rules(good):
-    assert layers.tied_logits(x, table, bias, c).shape == (2, 3, VOCAB)
+    assert decoder.tied_logits(x, table, bias, c).shape == (2, 3, VOCAB)
 
 
 if __name__ == "__main__":

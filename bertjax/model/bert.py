@@ -106,7 +106,7 @@ class MaskedLMHead(nn.Module):
   The decoder multiplies by the whole padded word table (MXU-aligned):
   the logits have padded_vocab_size columns, those past vocab_size at the
   most negative float, so padding never wins an argmax nor takes softmax
-  mass (layers.tied_logits).
+  mass (decoder.tied_logits).
   """
   config: BertConfig
 

@@ -27,7 +27,7 @@ class BertConfig:
   # The word table and the MLM output bias get padded_vocab_size rows: the
   # vocab rounded up to a multiple of this (128 fills the TPU MXU's lanes in
   # the MLM decoder; the pretraining configs set it); 1 pads nothing. The
-  # padded logit columns hold the most negative float (layers.tied_logits).
+  # padded logit columns hold the most negative float (decoder.tied_logits).
   vocab_multiple: int = 1
   layer_norm_eps: float = 1e-12
   # Compute dtype of matmuls; parameters, softmax, LayerNorm and losses stay fp32.
