@@ -55,8 +55,10 @@ def worker_process_init(config: mapper.CreationConfig,
 
 def _mapper() -> mapper.ShardMapper:
   if "mapper" not in _WORKER:
-    _WORKER["mapper"] = mapper.ShardMapper(
-        _WORKER["config"], _WORKER["tokenizer"] or _WORKER["spec"].load())
+    tokenizer = _WORKER["tokenizer"]
+    if tokenizer is None:
+      tokenizer = _WORKER["spec"].load()
+    _WORKER["mapper"] = mapper.ShardMapper(_WORKER["config"], tokenizer)
   return _WORKER["mapper"]
 
 
