@@ -1,4 +1,5 @@
-"""cuDNN attention and the pretraining model on a GPU, against XLA attention there.
+"""cuDNN attention and the pretraining model on a GPU, against XLA attention there;
+packed rows there, against the same examples unpacked.
 
 Skipped where JAX has no GPU (CI has none); on a GPU host:
 `python -m pytest tests/test_gpu.py`. test_attention.py checks the same
@@ -13,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bertjax.input import packing
 from bertjax.model import attention
 from bertjax.model.bert import BertForPreTraining
 from bertjax.model.config import BertConfig
@@ -61,10 +63,10 @@ def test_cudnn_attention_matches_xla_forward_and_gradient(causal):
     _close(np.asarray(g.astype(jnp.float32)), np.asarray(r.astype(jnp.float32)), f"d{name}")
 
 
-def _batch(vocab: int, P: int = 20, seed: int = 0):
+def _batch(vocab: int, P: int = 20, seed: int = 0, longest: int = L):
   rng = np.random.default_rng(seed)
-  lengths = rng.integers(24, L + 1, 8)
-  lengths[0] = L
+  lengths = rng.integers(24, longest + 1, 8)
+  lengths[0] = longest
   mask = (np.arange(L)[None, :] < lengths[:, None]).astype(np.int32)
   ids = rng.integers(5, vocab, (8, L)).astype(np.int32) * mask
   positions = np.stack([np.sort(rng.choice(np.arange(1, n - 1), P, replace=False))
@@ -106,4 +108,49 @@ def test_pretraining_loss_and_gradients_with_auto_attention_match_xla():
   flat = lambda tree: np.concatenate([np.ravel(np.asarray(x, np.float32))
                                       for x in jax.tree.leaves(tree)])
   g, w = flat(got_grads), flat(want_grads)
+  assert np.linalg.norm(g - w) <= TOL * np.linalg.norm(w)
+
+
+def test_packed_rows_take_xla_attention_and_give_the_unpacked_losses_and_gradients():
+  """With attention_impl='auto' on a GPU, unpacked rows take cuDNN and packed rows
+  XLA's block-diagonal mask (cuDNN takes no packed-example ids); the same
+  examples give the same summed losses and gradients either way (bf16)."""
+  dims = dict(vocab_size=1000, hidden_size=256, num_layers=2, num_heads=4,
+              intermediate_size=1024, max_position_embeddings=L, hidden_dropout_rate=0.1,
+              attention_dropout_rate=0.0, dtype="bfloat16", attention_impl="auto")
+  model = BertForPreTraining(BertConfig(**dims))
+  unpacked = _batch(dims["vocab_size"], seed=1, longest=L // 2)  # 8 examples, 4 rows.
+  p = packing.Packing(max_seq_length=L, max_predictions_per_seq=20, rows=4,
+                      max_examples_per_row=4, max_predictions_per_row=80)
+  row, offset = packing.first_fit(*packing.example_sizes(unpacked), p, decreasing=True)
+  assert (row >= 0).all(), "every example fits"
+  packed = packing.pack(unpacked, row, offset, p)
+  assert len(set(row.tolist())) < len(row), "some row holds two examples"
+  params = nn.unbox(model.init(
+      {"params": jax.random.key(0)}, jnp.asarray(unpacked["input_ids"]),
+      jnp.asarray(unpacked["input_mask"]), jnp.asarray(unpacked["segment_ids"]),
+      jnp.asarray(unpacked["masked_lm_positions"]))["params"])
+
+  def total(params, batch):
+    sums = step_lib.loss_sums(params, model.apply, batch, None, deterministic=True)
+    return sums["mlm_loss"] + sums["nsp_loss"], sums
+
+  results = {}
+  for name, batch in (("unpacked", unpacked), ("packed", packed)):
+    batch = {k: jnp.asarray(v) for k, v in batch.items()}
+    calls = _calls_cudnn(lambda p: total(p, batch)[0], params)
+    assert calls == (name == "unpacked"), name
+    (_, sums), grads = jax.jit(jax.value_and_grad(total, has_aux=True))(params, batch)
+    results[name] = jax.tree.map(lambda x: np.asarray(x, np.float32), (sums, grads))
+  (sums, grads), (want_sums, want_grads) = results["packed"], results["unpacked"]
+  assert float(want_sums["nsp_weight"]) == 8
+  for k in ("mlm_loss", "nsp_loss"):
+    np.testing.assert_allclose(sums[k], want_sums[k], rtol=TOL, err_msg=k)
+  for k in ("mlm_weight", "nsp_weight"):
+    assert sums[k] == want_sums[k], k
+  # A hit is an argmax: bf16 rounding may flip a near tie or two.
+  for k in ("mlm_hits", "nsp_hits"):
+    assert abs(sums[k] - want_sums[k]) <= 2, k
+  flat = lambda tree: np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)])
+  g, w = flat(grads), flat(want_grads)
   assert np.linalg.norm(g - w) <= TOL * np.linalg.norm(w)
