@@ -67,6 +67,8 @@ _SAME_FIELDS = ("max_seq_length", "max_predictions_per_seq", "vocab_hash",
 def _fingerprint(config, tokenizer, shards) -> dict[str, Any]:
   return {
       "config": dataclasses.asdict(config) | {"spill_bytes": None},
+      # The layout of the map step's spilled rows, which the reduce step reads.
+      "spill_rows": mapper.row_dtype(config, tokenizer.vocab_size).descr,
       "vocab_hash": tokenizer.vocab_hash(),
       "tokenizer": tokenizer.describe(),
       "inputs": [s.describe() for s in shards],
@@ -182,7 +184,7 @@ def create_pretraining_data(
     start = time.time()
     counts = run("writing shards", todo_shards, lambda s: (
         tasks.reduce_task, s, output_dir, work_dir, list(range(R)), S,
-        config.spill_bytes))
+        config.spill_bytes, mapper.row_dtype(config, tokenizer.vocab_size)))
   inst = np.sum([d["instances"] for d in mapped.values()], axis=0,
                 dtype=np.int64)
   toks = np.sum([d["tokens"] for d in mapped.values()], axis=0,

@@ -15,9 +15,11 @@ at random from the whole corpus gives the same statistics with memory
 bounded by the chunk size. Every instance gets a 64-bit key from a generator
 seeded by the same tuple; the key picks the output shard
 (key % num_output_shards) and its place in it. Instances come out in
-batches (`RecordBatch`): their TFRecord frames grouped by output shard, with
-their sort keys, so the local driver spills and sorts them without a Python
-step per instance.
+batches (`RecordBatch`): their fields as fixed-width rows (`row_dtype`, not
+yet serialised) grouped by output shard, with their sort keys, so the local
+driver spills and sorts them without a Python step per instance and
+serialises them (`frame`) as it writes each output shard; a row is about
+half the bytes of its TFRecord frame.
 """
 
 import collections
@@ -43,7 +45,39 @@ SORT_KEY = struct.Struct(">QIIII")
 _SORT_FIELDS = np.dtype([("key", ">u8"), ("partition", ">u4"),
                          ("chunk", ">u4"), ("dupe", ">u4"), ("index", ">u4")])
 _KEY_DOMAIN = 0x6B6579  # Separates the key stream from the instance stream.
-_MASK_BATCH = 4096  # Instances masked and serialised together.
+_MASK_BATCH = 4096  # Instances masked together.
+# An instance's fields between the map and the reduce step, in
+# ExampleEncoder.frame_batch's argument order (row_dtype).
+ROW_FIELDS = ("input_ids", "length", "num_a", "masked_lm_positions", "masked_lm_ids",
+              "num_predictions", "is_random_next")
+
+
+def row_dtype(config: "CreationConfig", vocab_size: int) -> np.dtype:
+  """One instance as a fixed-width row (ROW_FIELDS): ids in 2 bytes where the
+  vocab has at most 65,536 entries, 4 otherwise; positions and counts in 2."""
+  ids = "<u2" if vocab_size <= 1 << 16 else "<i4"
+  small = "<u2" if config.max_seq_length < 1 << 16 else "<i4"
+  L, P = config.max_seq_length, config.max_predictions_per_seq
+  return np.dtype([("input_ids", ids, (L,)), ("length", small), ("num_a", small),
+                   ("masked_lm_positions", small, (P,)), ("masked_lm_ids", ids, (P,)),
+                   ("num_predictions", small), ("is_random_next", "u1")])
+
+
+def to_rows(dtype: np.dtype, *fields: np.ndarray) -> np.ndarray:
+  """frame_batch's arguments (ROW_FIELDS, B rows each) as B rows of `dtype`."""
+  rows = np.empty(len(fields[1]), dtype)
+  for name, value in zip(ROW_FIELDS, fields):
+    top = int(np.max(value, initial=0))
+    if top > np.iinfo(dtype[name].base).max:
+      raise ValueError(f"{name}: value {top} does not fit the spilled rows' "
+                       f"{dtype[name].base} (vocab or max_seq_length too large)")
+    rows[name] = value
+  return rows
+
+
+def frame(encoder: records.ExampleEncoder, rows: np.ndarray) -> tuple[bytes, np.ndarray]:
+  """(TFRecord frames back to back, frame lengths) of row_dtype rows."""
+  return encoder.frame_batch(*(rows[name] for name in ROW_FIELDS))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,11 +209,10 @@ class TokenizedChunk:
 
 @dataclasses.dataclass
 class RecordBatch:
-  """Framed records of a batch of instances, grouped by output shard."""
+  """A batch of instances, grouped by output shard."""
   shards: np.ndarray  # Output shard per row, ascending.
   keys: np.ndarray  # SORT_KEY bytes per row (numpy "S24").
-  frames: bytes  # The rows' TFRecord frames, back to back.
-  lengths: np.ndarray  # Bytes of each frame.
+  rows: np.ndarray  # The instances as row_dtype rows (frame() serialises them).
 
   def __len__(self) -> int:
     return len(self.keys)
@@ -198,6 +231,7 @@ class ShardMapper:
     self.vocab = instances_lib.VocabInfo.from_tokenizer(tokenizer)
     self.encoder = records.ExampleEncoder(config.max_seq_length,
                                           config.max_predictions_per_seq)
+    self.row_dtype = row_dtype(config, tokenizer.vocab_size)
     ids = tokenizer.special_ids
     self._special_array = np.asarray(
         sorted({ids["cls"], ids["sep"], ids["mask"], ids["pad"]}), np.int32)
@@ -205,7 +239,7 @@ class ShardMapper:
 
   def map_partition(self, partition: int, docs: Iterable[list[str]],
                     report: collections.Counter) -> Iterator[RecordBatch]:
-    """Yields the framed, keyed records of every instance, a batch at a time.
+    """Yields the keyed instances of the partition, a batch at a time.
 
     `docs` are the partition's documents in order; `report` receives counts
     of what was read, skipped or repaired, and "instances"/"tokens" per
@@ -227,10 +261,11 @@ class ShardMapper:
     """Yields (output shard, SORT_KEY bytes, Example bytes) per instance."""
     for batch in self.map_partition(partition, docs, report):
       keys, w = batch.keys.tobytes(), SORT_KEY.size
-      ends = np.cumsum(batch.lengths).tolist()
+      frames, frame_lengths = frame(self.encoder, batch.rows)
+      ends = np.cumsum(frame_lengths).tolist()
       for i, (out, end) in enumerate(zip(batch.shards.tolist(), ends)):
-        start = end - int(batch.lengths[i])
-        yield out, keys[i * w:(i + 1) * w], batch.frames[
+        start = end - int(frame_lengths[i])
+        yield out, keys[i * w:(i + 1) * w], frames[
             start + tfrecord.HEADER_BYTES:end - tfrecord.FOOTER_BYTES]
 
   def _tokenize(self, docs: list[list[str]], report) -> "TokenizedChunk":
@@ -271,14 +306,14 @@ class ShardMapper:
         # Rows grouped by output shard, in their order within each shard.
         out_B = (key_B % np.uint64(c.num_output_shards)).astype(np.int64)
         order = np.argsort(out_B, kind="stable")
-        frames, frame_lengths, lengths = self._encode(part, order, chunk, rng)
+        rows = self._encode(part, order, chunk, rng)
+        lengths = rows["length"].astype(np.int64)
         sort_keys = np.empty(len(part), _SORT_FIELDS)
         sort_keys["key"] = key_B[order]
         sort_keys["partition"], sort_keys["chunk"] = partition, chunk_index
         sort_keys["dupe"], sort_keys["index"] = dupe, start + order
         _count(report, out_B[order], lengths, c.num_output_shards)
-        yield RecordBatch(out_B[order], sort_keys.view(f"S{SORT_KEY.size}"),
-                          frames, frame_lengths)
+        yield RecordBatch(out_B[order], sort_keys.view(f"S{SORT_KEY.size}"), rows)
 
   def _pass_instances(self, chunk, rng):
     """One dupe pass's instances: span rows (7 columns, instance_spans) of
@@ -298,33 +333,28 @@ class ShardMapper:
     return instance_batches.pass_spans(chunk.sentence_starts, chunk.first_sentence,
                                        c.max_seq_length, c.short_seq_prob, rng.generator)
 
-  def _encode(self, part, order, chunk, rng):
-    """(frames, frame lengths, token counts) of a batch of instances, rows
-    in `order`."""
+  def _encode(self, part, order, chunk, rng) -> np.ndarray:
+    """A batch of instances as row_dtype rows, in `order`."""
     c = self.config
     if c.objective != schema.DEFAULT_OBJECTIVE:
       ids, lengths = instance_batches.pad_rows([part[i] for i in order.tolist()],
                                                c.max_seq_length)
-      batch = instance_batches.mask_single_segment(
+      return self._rows(instance_batches.mask_single_segment(
           ids, lengths, c.masked_lm_prob if c.objective == "mlm" else 0.0,
-          c.max_predictions_per_seq, self.vocab, rng.generator)
-    elif c.whole_word_mask:
-      part = [part[i] for i in order.tolist()]
-      frames, frame_lengths = self.encoder.frame_rows(
+          c.max_predictions_per_seq, self.vocab, rng.generator))
+    if c.whole_word_mask:
+      return to_rows(self.row_dtype, *self.encoder.pad_rows(
           [(i.input_ids, i.num_a, i.masked_lm_positions, i.masked_lm_ids,
-            i.is_random_next) for i in part])
-      return frames, frame_lengths, np.fromiter((len(i.input_ids) for i in part), np.int64,
-                                                len(part))
-    else:
-      batch = instance_batches.mask_arrays(
-          *instance_batches.assemble_pairs(part, chunk.tokens, chunk.doc_starts,
-                                           c.max_seq_length, self.vocab),
-          c.masked_lm_prob, c.max_predictions_per_seq, self.vocab,
-          rng.generator).take(order)
-    frames, frame_lengths = self.encoder.frame_batch(
-        batch.input_ids_BxL, batch.lengths_B, batch.num_a_B, batch.masked_lm_positions_BxP,
-        batch.masked_lm_ids_BxP, batch.num_predictions_B, batch.is_random_next_B)
-    return frames, frame_lengths, batch.lengths_B.astype(np.int64)
+            i.is_random_next) for i in (part[j] for j in order.tolist())]))
+    return self._rows(instance_batches.mask_arrays(
+        *instance_batches.assemble_pairs(part, chunk.tokens, chunk.doc_starts,
+                                         c.max_seq_length, self.vocab),
+        c.masked_lm_prob, c.max_predictions_per_seq, self.vocab, rng.generator))[order]
+
+  def _rows(self, batch: instance_batches.MaskedBatch) -> np.ndarray:
+    return to_rows(self.row_dtype, batch.input_ids_BxL, batch.lengths_B, batch.num_a_B,
+                   batch.masked_lm_positions_BxP, batch.masked_lm_ids_BxP,
+                   batch.num_predictions_B, batch.is_random_next_B)
 
 
 def _count(report, out_B, lengths_B, num_shards) -> None:

@@ -103,6 +103,11 @@ class ExampleEncoder:
   def frame_rows(self, rows) -> tuple[bytes, np.ndarray]:
     """frame_batch of (input ids, num_a, positions, labels, is_random_next)
     rows, unpadded (instances.Instance's fields)."""
+    return self.frame_batch(*self.pad_rows(rows))
+
+  def pad_rows(self, rows) -> tuple[np.ndarray, ...]:
+    """frame_batch's arguments of (input ids, num_a, positions, labels,
+    is_random_next) rows, unpadded (instances.Instance's fields)."""
     L, P, B = self.max_seq_length, self.max_predictions_per_seq, len(rows)
     ids, pos, lab = (np.zeros((B, L), np.int64), np.zeros((B, P), np.int64),
                      np.zeros((B, P), np.int64))
@@ -114,7 +119,7 @@ class ExampleEncoder:
                          f"max_seq_length={L} / max_predictions_per_seq={P}")
       ids[i, :n], pos[i, :k], lab[i, :k] = row_ids, row_pos, row_lab
       lengths[i], num_a[i], num_pred[i], random_next[i] = n, a, k, r
-    return self.frame_batch(ids, lengths, num_a, pos, lab, num_pred, random_next)
+    return ids, lengths, num_a, pos, lab, num_pred, random_next
 
   def frame_batch(self, ids_BxL: np.ndarray, lengths_B: np.ndarray, num_a_B: np.ndarray,
                   positions_BxP: np.ndarray, labels_BxP: np.ndarray,

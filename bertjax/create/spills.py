@@ -13,10 +13,15 @@ Keys are fixed-width big-endian byte strings (numpy "S<n>"), which sort as
 the tuples they pack. `merge_part` streams one part of many runs in key
 order, a block at a time, so memory is bounded by `block_bytes` whatever the
 size of the part.
+
+Entries are either byte strings of any length (`SpillWriter.add`) or rows
+of one numpy dtype (`add_rows`, merged with `merge_part(row_dtype=...)`),
+which are reordered with one numpy gather instead of a Python step per
+entry.
 """
 
 import os
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Optional, Sequence
 
 import numpy as np
 
@@ -39,13 +44,15 @@ class SpillWriter:
     self.dtype = key_dtype(key_width)
     self.spill_bytes = spill_bytes
     self.runs = 0
-    self._blobs, self._keys, self._parts = [], [], []
+    self._blobs, self._keys, self._parts, self._rows = [], [], [], []
     self._buffered = 0
     os.makedirs(directory, exist_ok=True)
 
   def add(self, parts: np.ndarray, keys: np.ndarray, blob: bytes,
           lengths: np.ndarray) -> None:
     """Entry i is part parts[i], key keys[i] and the next lengths[i] bytes."""
+    if self._rows:
+      raise ValueError("a spill run holds byte strings or rows, not both")
     entries = np.empty(len(keys), self.dtype)
     entries["key"], entries["length"] = keys, lengths
     self._blobs.append(blob)
@@ -55,24 +62,33 @@ class SpillWriter:
     if self._buffered >= self.spill_bytes:
       self.flush()
 
+  def add_rows(self, parts: np.ndarray, keys: np.ndarray, rows: np.ndarray) -> None:
+    """Entry i is part parts[i], key keys[i] and the bytes of rows[i] (a 1-D
+    array of any fixed-width dtype, the same for every call)."""
+    if self._blobs:
+      raise ValueError("a spill run holds byte strings or rows, not both")
+    entries = np.empty(len(keys), self.dtype)
+    entries["key"], entries["length"] = keys, rows.dtype.itemsize
+    self._rows.append(rows)
+    self._keys.append(entries)
+    self._parts.append(np.asarray(parts, np.int64))
+    self._buffered += rows.nbytes
+    if self._buffered >= self.spill_bytes:
+      self.flush()
+
   def flush(self) -> None:
     """Writes the buffered entries as one run (an empty one if none)."""
     keys = np.concatenate([np.zeros(0, self.dtype), *self._keys])
     parts = np.concatenate([np.zeros(0, np.int64), *self._parts])
     lengths = keys["length"].astype(np.int64)
-    # Each entry's buffer and its start there (the buffers are not joined:
-    # that would hold the spill twice).
-    blob_of = np.repeat(np.arange(len(self._keys)), [len(k) for k in self._keys])
-    blob_sizes = np.fromiter(map(len, self._blobs), np.int64, len(self._blobs))
-    starts = (np.cumsum(lengths) - lengths) - (np.cumsum(blob_sizes) - blob_sizes)[blob_of]
     order = np.lexsort([keys["key"], parts])  # By part, then by key.
     path = os.path.join(self.directory, f"run-{self.runs:05d}")
-    views = [memoryview(b) for b in self._blobs]
-    # The pieces are records of hundreds of bytes: a large buffer makes few
-    # write calls of them (with the default 8 KiB, tens of thousands).
-    with open(path + ".bin", "wb", buffering=WRITE_BUFFER_BYTES) as f:
-      f.writelines([views[b][a:a + n] for b, a, n in zip(
-          blob_of[order].tolist(), starts[order].tolist(), lengths[order].tolist())])
+    if self._rows:
+      rows = np.concatenate(self._rows)
+      self._rows = []
+      rows[order].tofile(path + ".bin")
+    else:
+      self._write_blobs(path + ".bin", lengths, order)
     keys[order].tofile(path + ".keys")
     counts = np.bincount(parts, minlength=self.num_parts)
     nbytes = np.bincount(parts, weights=lengths, minlength=self.num_parts)
@@ -83,6 +99,20 @@ class SpillWriter:
     self.runs += 1
     self._blobs, self._keys, self._parts = [], [], []
     self._buffered = 0
+
+  def _write_blobs(self, path: str, lengths: np.ndarray, order: np.ndarray) -> None:
+    """Writes the buffered byte strings' entries in `order`."""
+    # Each entry's buffer and its start there (the buffers are not joined:
+    # that would hold the spill twice).
+    blob_of = np.repeat(np.arange(len(self._keys)), [len(k) for k in self._keys])
+    blob_sizes = np.fromiter(map(len, self._blobs), np.int64, len(self._blobs))
+    starts = (np.cumsum(lengths) - lengths) - (np.cumsum(blob_sizes) - blob_sizes)[blob_of]
+    views = [memoryview(b) for b in self._blobs]
+    # The pieces are records of hundreds of bytes: a large buffer makes few
+    # write calls of them (with the default 8 KiB, tens of thousands).
+    with open(path, "wb", buffering=WRITE_BUFFER_BYTES) as f:
+      f.writelines([views[b][a:a + n] for b, a, n in zip(
+          blob_of[order].tolist(), starts[order].tolist(), lengths[order].tolist())])
 
 
 def list_runs(directories: Sequence[str]) -> list[str]:
@@ -95,6 +125,7 @@ class _Cursor:
   """Reads one part of one run, a block at a time."""
 
   def __init__(self, run: str, part: int, dtype: np.dtype):
+    self.run = run
     offsets = np.fromfile(run + ".offsets", "<i8").reshape(-1, 2)
     (self._next, b0), (self._end, _) = offsets[part], offsets[part + 1]
     self._keys_path, self._dtype = run + ".keys", dtype
@@ -123,9 +154,11 @@ class _Cursor:
 
 
 def merge_part(runs: Sequence[str], part: int, key_width: int,
-               block_bytes: int = 64 << 20
-               ) -> Iterator[tuple[np.ndarray, bytes, np.ndarray]]:
-  """Yields (keys, bytes, lengths) blocks of one part of `runs`, in key order.
+               block_bytes: int = 64 << 20, row_dtype: Optional[np.dtype] = None
+               ) -> Iterator[tuple[np.ndarray, Any, np.ndarray]]:
+  """Yields (keys, entries, lengths) blocks of one part of `runs`, in key order:
+  the entries as bytes back to back, or with `row_dtype` (runs written by
+  SpillWriter.add_rows) as an array of rows.
 
   A blocked k-way merge: every run keeps one block loaded; the entries up to
   the smallest last key among runs with more on disk are sorted and yielded,
@@ -140,20 +173,31 @@ def merge_part(runs: Sequence[str], part: int, key_width: int,
       for c in cursors:
         if not len(c.keys):
           c.load(per_run)
+          if row_dtype is not None and (c.keys["length"] != row_dtype.itemsize).any():
+            raise ValueError(f"{c.run}.bin: entries of {set(c.keys['length'].tolist())} "
+                             f"bytes, not rows of {row_dtype.itemsize}; it was written by "
+                             "other code: remove the unfinished output and rerun")
       limits = [c.keys["key"][-1] for c in cursors if c.more_on_disk]
       keys, blobs = [], []
       for c in cursors:
         cut = (len(c.keys) if not limits else
                int(np.searchsorted(c.keys["key"], min(limits), side="right")))
-        view = memoryview(c.blob)
-        blobs.extend(view[a:a + n] for a, n in zip(
-            c.starts[:cut].tolist(), c.keys["length"][:cut].tolist()))
+        if row_dtype is not None:
+          if cut:
+            blobs.append(np.frombuffer(c.blob, row_dtype, count=cut, offset=int(c.starts[0])))
+        else:
+          view = memoryview(c.blob)
+          blobs.extend(view[a:a + n] for a, n in zip(
+              c.starts[:cut].tolist(), c.keys["length"][:cut].tolist()))
         keys.append(c.keys[:cut])
         c.keys, c.starts = c.keys[cut:], c.starts[cut:]
       keys = np.concatenate(keys)
       order = np.argsort(keys["key"], kind="stable")
-      yield (keys["key"][order], b"".join([blobs[i] for i in order.tolist()]),
-             keys["length"][order].astype(np.int64))
+      if row_dtype is not None:
+        entries = np.concatenate([np.zeros(0, row_dtype), *blobs])[order]
+      else:
+        entries = b"".join([blobs[i] for i in order.tolist()])
+      yield keys["key"][order], entries, keys["length"][order].astype(np.int64)
       cursors = [c for c in cursors if len(c.keys) or c.more_on_disk]
   finally:
     for c in opened:

@@ -3,10 +3,11 @@
 read (one per input shard): the shard's documents -> spill runs of their
   texts by partition (partition.py), sorted by document key.
 map (one per partition): the partition's documents, merged from every read
-  task's runs in key order -> instances -> spill runs of framed records by
-  output shard, sorted by record key (mapper.py).
-reduce (one per output shard): the shard's records, merged from every map
-  task's runs in key order, streamed into the shard file and its index.
+  task's runs in key order -> instances -> spill runs of their rows
+  (mapper.row_dtype) by output shard, sorted by record key (mapper.py).
+reduce (one per output shard): the shard's rows, merged from every map
+  task's runs in key order, serialised and streamed into the shard file and
+  its index.
 
 A task is done when its `<work>/<kind>-XXXXX.json` exists (written last,
 atomically); its runs are in `<work>/<kind>-XXXXX/`. Memory is bounded by
@@ -34,6 +35,7 @@ _WORKER = {}
 # youngest generation every 10,000 allocations instead of Python's 700 takes
 # its share of a run's CPU time from about 3% to 1%.
 GC_THRESHOLD = (10_000, 10, 10)
+FRAME_ROWS = 4096  # Rows the reduce step serialises and writes at once.
 
 
 def worker_init(config: mapper.CreationConfig,
@@ -117,7 +119,7 @@ def map_task(part: int, work_dir: str, read_indices: Sequence[int]
   writer = spills.SpillWriter(_fresh_dir(task_dir(work_dir, "map", part)), S,
                               mapper.SORT_KEY.size, config.spill_bytes)
   for batch in shard_mapper.map_partition(part, docs, report):
-    writer.add(batch.shards, batch.keys, batch.frames, batch.lengths)
+    writer.add_rows(batch.shards, batch.keys, batch.rows)
   writer.flush()
   inst, toks, plain = mapper.split_report(report, S)
   return _finish(work_dir, "map", part, {
@@ -126,12 +128,18 @@ def map_task(part: int, work_dir: str, read_indices: Sequence[int]
 
 def reduce_task(shard_index: int, output_dir: str, work_dir: str,
                 map_indices: Sequence[int], num_shards: int,
-                block_bytes: int) -> int:
-  """Writes one output shard: its records from every map task in key order."""
+                block_bytes: int, row_dtype) -> int:
+  """Writes one output shard: its records from every map task in key order
+  (row_dtype: mapper.row_dtype of the run)."""
+  config = _WORKER["config"]
+  if "encoder" not in _WORKER:
+    _WORKER["encoder"] = records.ExampleEncoder(config.max_seq_length,
+                                                config.max_predictions_per_seq)
   runs = spills.list_runs([task_dir(work_dir, "map", m) for m in map_indices])
   path = os.path.join(output_dir, records.shard_name(shard_index, num_shards))
   with records.FramedShardWriter(path) as writer:
-    for _, blob, lengths in spills.merge_part(
-        runs, shard_index, mapper.SORT_KEY.size, block_bytes):
-      writer.write(blob, lengths)
+    for _, rows, _ in spills.merge_part(runs, shard_index, mapper.SORT_KEY.size,
+                                        block_bytes, row_dtype):
+      for a in range(0, len(rows), FRAME_ROWS):
+        writer.write(*mapper.frame(_WORKER["encoder"], rows[a:a + FRAME_ROWS]))
   return writer.count
