@@ -5,7 +5,9 @@
 prints compile time, step time, sequences/s, tokens/s and utilisation (MFU
 from the analytic model FLOPs, HFU from XLA's count where it is complete; with
 --compile_cache_dir the compile is loaded from that cache when it holds the
-step). With --topology (e.g. v5e:2x4, v4:2x2x1) it instead compiles the step
+step). On a device that reports how much memory a program may use (a GPU), a
+step whose compiled program needs more, by XLA's memory analysis, stops with
+the config fields to change before it runs. With --topology (e.g. v5e:2x4, v4:2x2x1) it instead compiles the step
 ahead of time for that TPU slice on this machine (needs `pip install
 jax[tpu]` and JAX_PLATFORMS=cpu) and prints the per-device memory the program
 needs, whether it fits the HBM that the compiler lets a program use on one
@@ -110,6 +112,11 @@ def run_benchmark(config):
         shardings, mesh, grad_accum_steps=config.optimizer.grad_accum_steps)
     step_fn = step_fn.lower(state, batch, rng).compile()
     compile_s = time.perf_counter() - t0
+    problem = aot.device_memory_problem(
+        step_fn.memory_analysis(), (devices[0].memory_stats() or {}).get("bytes_limit"),
+        devices[0].device_kind, phase.name, devices[0].platform)
+    if problem:  # Said before the run fails for lack of memory.
+      raise SystemExit(f"Does not fit: {problem}.")
     for _ in range(_WARMUP.value):
       state, metrics = step_fn(state, batch, rng)
     jax.block_until_ready(metrics)

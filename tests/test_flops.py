@@ -143,6 +143,27 @@ def test_aot_result_splits_a_chips_nominal_hbm_between_its_devices():
   assert aot.AotResult(**{**r.__dict__, "device_kind": "cpu"}).nominal_hbm_bytes is None
 
 
+def test_a_step_larger_than_the_devices_memory_is_refused_naming_the_fields():
+  """bertjax.benchmark checks a compiled step's memory against the device's
+  bytes_limit before running it (a GPU reports one; the CPU none)."""
+  from bertjax.benchmarks import aot  # pylint: disable=g-import-not-at-top
+  compiled = jax.jit(lambda x: jnp.sin(x) @ x).lower(jnp.ones((256, 256))).compile()
+  mem = compiled.memory_analysis()
+  needed = (mem.argument_size_in_bytes + mem.temp_size_in_bytes
+            + mem.output_size_in_bytes - mem.alias_size_in_bytes)
+  assert needed >= 256 * 256 * 4 * 2  # The argument and the output at least.
+  assert aot.device_memory_problem(mem, None, "cpu", "seq512") is None
+  assert aot.device_memory_problem(mem, needed, "H100", "seq512") is None
+  problem = aot.device_memory_problem(mem, needed - 1, "NVIDIA H100", "seq512")
+  for part in ("the seq512 train step needs", "one NVIDIA H100 lets it use",
+               "--config.optimizer.grad_accum_steps", "--config.model.remat_policy",
+               "--config.phases.seq512.global_batch_size"):
+    assert part in problem
+  assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in problem
+  assert "XLA_PYTHON_CLIENT_MEM_FRACTION" in aot.device_memory_problem(
+      mem, needed - 1, "NVIDIA H100", "seq512", "gpu")
+
+
 def test_xla_view_of_flops_drops_scanned_layers_and_pallas_attention():
   from bertjax.benchmarks import aot  # pylint: disable=g-import-not-at-top
   config = _config(scan_layers=True)

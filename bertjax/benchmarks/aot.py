@@ -70,6 +70,25 @@ def mib(n):
   return f"{n / 2**20:.1f} MiB"
 
 
+def device_memory_problem(mem, bytes_limit: int | None, device_kind: str,
+                          phase: str, platform: str = "") -> str | None:
+  """Why a compiled step cannot run on its device, from XLA's memory analysis
+  (`compiled.memory_analysis()`) and the device's `bytes_limit` (its
+  `memory_stats()`; None where the backend gives none); None if it fits."""
+  needed = (mem.argument_size_in_bytes + mem.temp_size_in_bytes
+            + mem.output_size_in_bytes - mem.alias_size_in_bytes)
+  if not bytes_limit or needed <= bytes_limit:
+    return None
+  return (f"the {phase} train step needs {gib(needed)} per device (arguments "
+          f"{gib(mem.argument_size_in_bytes)}, temporaries {gib(mem.temp_size_in_bytes)}) and "
+          f"one {device_kind} lets it use {gib(bytes_limit)}: split each step's batch with "
+          "--config.optimizer.grad_accum_steps=2 (or more), rematerialise more with "
+          "--config.model.remat_policy, lower --config.phases."
+          f"{phase}.global_batch_size, or run on more devices"
+          + ("; JAX takes XLA_PYTHON_CLIENT_MEM_FRACTION of a GPU's memory (0.75 unless "
+             "set)" if platform == "gpu" else ""))
+
+
 @dataclasses.dataclass
 class AotResult:
   """What an ahead-of-time compile for a TPU slice tells (bytes and FLOPs per device)."""
