@@ -31,6 +31,34 @@ def _run(*args):
   assert result.returncode == 0, result.stderr[-3000:]
 
 
+# Random seeds of the runs compared statistically, each side once per seed.
+# One run's share of short instances varies by 1 to 3 points from seed to
+# seed, on either side (measured: 0.193-0.208 for bertjax, 0.195-0.225 for
+# the original, seeds 1-3 on one vocab), and so does the vocab, which the
+# WordPiece trainer does not build the same way twice (tokenizers#1794): the
+# statistics pool three seeds a side.
+SEEDS = (12345, 1, 2)
+
+
+def _make(corpus, vocab, root, seed):
+  """(the original's record file, bertjax's shard files) of one seed."""
+  original = root / f"original-{seed}.tfrecord"
+  _run("-m", "bert.create_pretraining_data", f"--input_file={corpus}",
+       f"--output_file={original}", f"--vocab_file={vocab}",
+       "--do_lower_case=True", f"--max_seq_length={L}",
+       f"--max_predictions_per_seq={P}", f"--dupe_factor={DUPE}",
+       f"--random_seed={seed}")
+  ours = str(root / f"ours-{seed}")
+  creation.create_pretraining_data(
+      documents.list_input_shards(str(corpus)),
+      creation.TokenizerSpec("wordpiece", vocab, True),
+      creation.CreationConfig(max_seq_length=L, max_predictions_per_seq=P,
+                              dupe_factor=DUPE, num_output_shards=4, random_seed=seed),
+      ours, num_workers=1, show_progress=False, log=lambda *a: None)
+  return str(original), sorted(os.path.join(ours, f["name"])
+                               for f in schema.read_metadata(ours).files)
+
+
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
   root = tmp_path_factory.mktemp("original")
@@ -41,22 +69,8 @@ def made(tmp_path_factory):
   vocab = str(root / "vocab.txt")
   vocab_lib.build_wordpiece_vocab([str(corpus)], vocab, vocab_size=4000,
                                   do_lower_case=True)
-  original = root / "original.tfrecord"
-  _run("-m", "bert.create_pretraining_data", f"--input_file={corpus}",
-       f"--output_file={original}", f"--vocab_file={vocab}",
-       "--do_lower_case=True", f"--max_seq_length={L}",
-       f"--max_predictions_per_seq={P}", f"--dupe_factor={DUPE}",
-       "--random_seed=12345")
-  ours = str(root / "ours")
-  creation.create_pretraining_data(
-      documents.list_input_shards(str(corpus)),
-      creation.TokenizerSpec("wordpiece", vocab, True),
-      creation.CreationConfig(max_seq_length=L, max_predictions_per_seq=P,
-                              dupe_factor=DUPE, num_output_shards=4),
-      ours, num_workers=1, show_progress=False, log=lambda *a: None)
-  ours_files = sorted(os.path.join(ours, f["name"])
-                      for f in schema.read_metadata(ours).files)
-  return dict(root=root, corpus=corpus, vocab=vocab, original=str(original),
+  original, ours_files = _make(corpus, vocab, root, SEEDS[0])
+  return dict(root=root, corpus=corpus, vocab=vocab, original=original,
               ours=ours_files)
 
 
@@ -139,13 +153,17 @@ def _stats(ex, mask_id):
 
 
 def test_same_statistics_as_the_original(made):
-  # Tolerances: over seeds, bertjax's instance count on this corpus varies
-  # by 0.5% (standard deviation); the shares below by well under a point.
+  """Each side's runs with SEEDS, pooled. Tolerances: a run's instance count
+  on this corpus varies by up to 3.5% from seed to seed, its share of short
+  instances by up to 3 points; pooled over three seeds, about 1/sqrt(3) of it."""
   mask_id = creation.TokenizerSpec(
       "wordpiece", made["vocab"]).load().special_ids["mask"]
-  ours = _stats(_parse(made["ours"]), mask_id)
-  orig = _stats(_parse(made["original"]), mask_id)
-  assert orig["instances"] > 20000
+  runs = [(made["original"], made["ours"])] + [
+      _make(made["corpus"], made["vocab"], made["root"], seed) for seed in SEEDS[1:]]
+  pooled = lambda files: {k: np.concatenate([f[k] for f in files]) for k in files[0]}
+  ours = _stats(pooled([_parse(o) for _, o in runs]), mask_id)
+  orig = _stats(pooled([_parse([r]) for r, _ in runs]), mask_id)
+  assert orig["instances"] > 60000
   assert abs(ours["instances"] / orig["instances"] - 1) < 0.03
   assert abs(ours["mean_length"] / orig["mean_length"] - 1) < 0.03
   assert abs(ours["mean_len_a"] / orig["mean_len_a"] - 1) < 0.05
