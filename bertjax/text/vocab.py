@@ -18,7 +18,11 @@ the pieces the tokenizer will see. The vocab then holds every character of
 its alphabet both as a word start "c" and as a continuation "##c" (as
 Google's vocabs do, so no word of known characters becomes [UNK]); the
 last-learnt pieces make room for them. The output is a Google-format
-vocab.txt: one token per line, in id order.
+vocab.txt: one token per line, in id order. The trainer numbers "##" pieces in
+hash-map order and breaks ties between equally frequent pairs by those
+numbers, so two builds on the same corpus can differ in their late pieces
+(huggingface/tokenizers issue 1794): keep the vocab.txt that a dataset was
+made with.
 
 SentencePiece: the `sentencepiece` trainer (unigram or BPE) with [PAD] and
 [UNK] as its pad and unknown pieces and [CLS], [SEP], [MASK] as control
