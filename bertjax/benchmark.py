@@ -27,6 +27,12 @@ The compile is bertjax/benchmarks/aot.py's, the search
 bertjax/benchmarks/max_batch.py's; bertjax/benchmarks/tpu_fit_table.py runs
 them over configs and slices."""
 
+# glibc reads its malloc tunables at start-up: on the CPU, `python -m` re-executes
+# with them before the imports below (bertjax/hostmem.py).
+if __name__ == "__main__":
+  from bertjax import hostmem  # pylint: disable=g-import-not-at-top
+  hostmem.reexec_for_cpu()
+
 import math
 import time
 

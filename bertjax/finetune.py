@@ -13,6 +13,12 @@ fine-tuned checkpoint in DIR/checkpoints (or --config.predict_from), no
 training; --config.mode=train_and_predict does both.
 """
 
+# glibc reads its malloc tunables at start-up: on the CPU, `python -m` re-executes
+# with them before the imports below (bertjax/hostmem.py).
+if __name__ == "__main__":
+  from bertjax import hostmem  # pylint: disable=g-import-not-at-top
+  hostmem.reexec_for_cpu()
+
 from absl import app
 from absl import flags
 from absl import logging

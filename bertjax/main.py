@@ -7,6 +7,12 @@ Any config field can be overridden, e.g. --config.total_steps=1000 or
 --config.phases.seq128.global_batch_size=512.
 """
 
+# glibc reads its malloc tunables at start-up: on the CPU, `python -m` re-executes
+# with them before the imports below (bertjax/hostmem.py).
+if __name__ == "__main__":
+  from bertjax import hostmem  # pylint: disable=g-import-not-at-top
+  hostmem.reexec_for_cpu()
+
 import os
 
 from absl import app
@@ -16,6 +22,7 @@ import jax
 from ml_collections import config_flags
 
 from bertjax import downstream
+from bertjax import hostmem
 from bertjax.convert.weights import load_weights
 from bertjax.create import demo
 from bertjax.train import loop
@@ -62,6 +69,7 @@ def main(argv):
 
 
 def run():
+  hostmem.reexec_for_cpu()  # The `bertjax-train` entry point comes in here.
   usage.run(main)
 
 

@@ -292,15 +292,15 @@ def test_reads_shards_written_by_records(tmp_path):
 def test_malloc_thresholds_restored_after_the_generator_dataset_starts(dataset):
   # tf.data's generator dataset fixes glibc's mmap threshold at 128 KiB; the
   # reader sets the adaptive ceilings back once its first batch is out.
-  from bertjax.input import batch_reader  # pylint: disable=g-import-not-at-top
+  from bertjax import hostmem  # pylint: disable=g-import-not-at-top
   directory, _ = dataset
   calls = []
-  real = batch_reader.restore_malloc_thresholds
-  batch_reader.restore_malloc_thresholds = lambda: calls.append(real())
+  real = hostmem.restore_malloc_thresholds
+  hostmem.restore_malloc_thresholds = lambda: calls.append(real())
   try:
     take(source(directory, 16).iterate(0), 3)
   finally:
-    batch_reader.restore_malloc_thresholds = real
+    hostmem.restore_malloc_thresholds = real
   assert calls == [True]
 
 

@@ -2,8 +2,7 @@
 
   python -m bertjax.benchmarks.step_vs_hf [--rounds 7] [--steps 4]
 
-Both train the same architecture on the same synthetic batches in one
-process: L=4, H=256, A=4, F=1024, the 30,522-token vocab, sequences of 128
+Both train the same architecture on the same synthetic batches: L=4, H=256, A=4, F=1024, the 30,522-token vocab, sequences of 128
 with 20 masked positions, batch 32, fp32, dropout 0.1 (hidden and
 attention), AdamW (b1 0.9, b2 0.999, eps 1e-6, weight decay 0.01 off biases
 and LayerNorm) after global-norm clipping at 1.0, jitted with the
@@ -18,23 +17,31 @@ multiple of 128. The transformers side is the stock model, whose
 head computes logits at every position; the loss takes the masked positions
 from them.
 
-bertjax runs twice: as configured (scanned layers) and with
-scan_layers=False. After compiling and a warm-up, the three alternate in
-rounds (the order reversing each round), each timing --steps steps;
-printed: sequences/s per round (median and range) and the per-round ratios
-to transformers.
+Each side runs in its own process, started the way its users start it:
+bertjax with the glibc malloc settings that `python -m bertjax.main` runs
+with on the CPU (bertjax/hostmem.py), transformers with glibc's defaults.
+Two more processes swap them (bertjax with the defaults, transformers with
+bertjax's settings) so that what the settings give each side is printed
+too. After every process has compiled and warmed up, the parent has them
+run --steps steps each in turn, in rounds (the order reversing each round),
+one process at a time; printed: sequences/s per side (median and range),
+minor page faults per step, and the per-round ratios to transformers.
 """
 
 import argparse
 import importlib.util
 import os
+import resource
 import statistics
+import subprocess
+import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import optax
 
+from bertjax import hostmem
 from bertjax.benchmarks import aot
 from bertjax.input.synthetic import SyntheticSource
 from bertjax.records import schema
@@ -144,42 +151,101 @@ def _summary(values):
   return f"median {statistics.median(values):.1f} (range {min(values):.1f}-{max(values):.1f})"
 
 
+# name -> (which step, whether the process runs with bertjax's malloc settings)
+SIDES = {
+    "bertjax": ("bertjax", True),
+    "bertjax, glibc defaults": ("bertjax", False),
+    "transformers": ("transformers", False),
+    "transformers, bertjax's malloc": ("transformers", True),
+}
+
+
+def _worker(step_name: str, warmup: int):
+  """Builds one side's step, then runs `N` steps for each line N on stdin.
+
+  Prints `ready SECONDS` after compiling and warming up, then for each line
+  `SECONDS FAULTS` (the wall time of the N steps and the minor page faults
+  taken during them).
+  """
+  source = SyntheticSource(BATCH, max_seq_length=SEQ, max_predictions_per_seq=PREDICTIONS,
+                           vocab_size=VOCAB, seed=0)
+  shapes = schema.batch_shapes(BATCH, SEQ, PREDICTIONS)
+  batch = {k: jnp.asarray(v) for k, v in source.batch(0).items() if k in shapes}
+  t0 = time.perf_counter()
+  if step_name == "bertjax":
+    run = bertjax_step(batch)
+  else:
+    run = hf_step(batch, optax.linear_schedule(0.0, 1e-4, 10_000))
+  _seconds(run, warmup)
+  print(f"ready {time.perf_counter() - t0:.1f}", flush=True)
+  for line in sys.stdin:
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    seconds = _seconds(run, int(line))
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    print(f"{seconds} {faults}", flush=True)
+
+
+def _start(name: str, warmup: int) -> tuple[subprocess.Popen, float]:
+  step_name, tuned = SIDES[name]
+  env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+  if tuned:
+    env["GLIBC_TUNABLES"] = hostmem.TUNABLES
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "bertjax.benchmarks.step_vs_hf", "--worker", step_name,
+       "--warmup", str(warmup)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+      text=True)
+  line = proc.stdout.readline().split()
+  if not line or line[0] != "ready":
+    proc.kill()
+    raise RuntimeError(f"the {name!r} process stopped before its step was ready "
+                       f"(exit code {proc.wait()}); its error is above")
+  return proc, float(line[1])
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--rounds", type=int, default=7, help="Alternating timed rounds.")
   parser.add_argument("--steps", type=int, default=4, help="Steps per side per round.")
   parser.add_argument("--warmup", type=int, default=2, help="Untimed steps per side first.")
+  parser.add_argument("--worker", choices=["bertjax", "transformers"],
+                      help="(internal) Run one side's step for the parent.")
   args = parser.parse_args()
-  source = SyntheticSource(BATCH, max_seq_length=SEQ, max_predictions_per_seq=PREDICTIONS,
-                           vocab_size=VOCAB, seed=0)
-  shapes = schema.batch_shapes(BATCH, SEQ, PREDICTIONS)
-  batch = {k: jnp.asarray(v) for k, v in source.batch(0).items() if k in shapes}
-  runs, setup = {}, {}
-  for name, make in (("bertjax", lambda: bertjax_step(batch)),
-                     ("bertjax unrolled", lambda: bertjax_step(batch, scan_layers=False)),
-                     ("transformers", lambda: hf_step(
-                         batch, optax.linear_schedule(0.0, 1e-4, 10_000)))):
-    t0 = time.perf_counter()
-    runs[name] = make()
-    setup[name] = time.perf_counter() - t0
-    _seconds(runs[name], args.warmup)
-  rates = {name: [] for name in runs}
-  for r in range(args.rounds):
-    names = list(runs) if r % 2 == 0 else list(runs)[::-1]
-    for name in names:
-      rates[name].append(BATCH * args.steps / _seconds(runs[name], args.steps))
+  if args.worker:
+    _worker(args.worker, args.warmup)
+    return
+  procs, setup = {}, {}
+  try:
+    for name in SIDES:  # One at a time, so that compiles do not overlap.
+      procs[name], setup[name] = _start(name, args.warmup)
+    rates = {name: [] for name in SIDES}
+    faults = {name: [] for name in SIDES}
+    for r in range(args.rounds):
+      for name in (list(SIDES) if r % 2 == 0 else list(SIDES)[::-1]):
+        procs[name].stdin.write(f"{args.steps}\n")
+        procs[name].stdin.flush()
+        seconds, minflt = procs[name].stdout.readline().split()
+        rates[name].append(BATCH * args.steps / float(seconds))
+        faults[name].append(int(minflt) / args.steps)
+  finally:
+    for proc in procs.values():
+      proc.stdin.close()
+      proc.wait()
   print(f"jax {jax.__version__}, {jax.devices()[0].device_kind} x {jax.device_count()}, "
         f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
   print(f"L={LAYERS} H={HIDDEN} A={HEADS} F={FFN} vocab {VOCAB}, batch {BATCH} x {SEQ}, "
         f"{PREDICTIONS} predictions, fp32, dropout {DROPOUT}")
+  print(f"bertjax's malloc settings: GLIBC_TUNABLES={hostmem.TUNABLES}")
   print("setup + compile  " + ", ".join(f"{k} {v:.1f} s" for k, v in setup.items()))
-  for name, values in rates.items():
-    print(f"{name:17s} sequences/s {_summary(values)} over {args.rounds} rounds "
-          f"of {args.steps} steps")
-  for name in ("bertjax", "bertjax unrolled"):
-    ratios = [a / b for a, b in zip(rates[name], rates["transformers"])]
-    print(f"{name} / transformers  {_summary(ratios)} (paired rounds); per round: "
+  for name in SIDES:
+    print(f"{name:31s} sequences/s {_summary(rates[name])} over {args.rounds} rounds "
+          f"of {args.steps} steps; minor page faults/step {statistics.median(faults[name]):,.0f}")
+  for name, reference in (("bertjax", "transformers"),
+                          ("bertjax, glibc defaults", "transformers"),
+                          ("bertjax", "transformers, bertjax's malloc")):
+    ratios = [a / b for a, b in zip(rates[name], rates[reference])]
+    print(f"{name} / {reference}  {_summary(ratios)} (paired rounds); per round: "
           f"{' '.join(f'{x:.2f}' for x in ratios)}")
+
 
 if __name__ == "__main__":
   main()

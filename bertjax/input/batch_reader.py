@@ -10,13 +10,13 @@ record that fails to parse is found and named.
 
 import collections
 import concurrent.futures
-import ctypes
 import threading
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 from absl import logging
 import numpy as np
 
+from bertjax import hostmem
 from bertjax.input import dynamic_masking as masking_lib
 from bertjax.input import packing
 from bertjax.records import fileio
@@ -24,26 +24,6 @@ from bertjax.records import schema
 from bertjax.records import tfrecord
 
 KEY_FILE_SHIFT = 40  # example key = file number << 40 | record number in file
-
-
-def restore_malloc_thresholds() -> bool:
-  """Undoes the fixed glibc thresholds that tf.data's generator dataset sets.
-
-  Its first iterator calls mallopt(M_TRIM_THRESHOLD, 128 KiB), which also
-  fixes the mmap threshold at 128 KiB: from then on every buffer over 128 KiB
-  that XLA's CPU runtime allocates is a fresh mmap, page-faulted in and
-  unmapped again, each step (the demo's CPU train step ran 15-20% slower).
-  This sets the ceilings that glibc's own adaptive thresholds reach. A no-op
-  where libc has no mallopt; returns whether both were set.
-  """
-  try:
-    mallopt = ctypes.CDLL(None).mallopt
-  except (AttributeError, OSError):
-    return False
-  m_trim_threshold, m_mmap_threshold = -1, -3
-  mmap_set = mallopt(m_mmap_threshold, 32 << 20)
-  trim_set = mallopt(m_trim_threshold, 64 << 20)
-  return bool(mmap_set and trim_set)
 
 
 def describe_mismatch(serialized: bytes, max_seq_length: int,
@@ -312,7 +292,7 @@ class HostBatches:
             raise failure[0] from None
           raise self._explain(step, e) from e
         if step == start_step:
-          restore_malloc_thresholds()  # Set by the generator's first call.
+          hostmem.restore_malloc_thresholds()  # Set by the generator's first call.
         self.check_vocab(step, batch)
         if self._transform is not None:
           try:
