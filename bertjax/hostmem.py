@@ -22,6 +22,7 @@ host's threads are the input pipeline's, for which one arena is not measured.
 BERTJAX_HOST_MALLOC=default turns it off.
 """
 
+import functools
 import importlib.metadata
 import importlib.util
 import os
@@ -38,6 +39,7 @@ OPT_OUT = "BERTJAX_HOST_MALLOC"  # "default": keep glibc's defaults
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
 
+@functools.cache  # bertjax.main asks at start-up and again in run()
 def accelerator_installed() -> bool:
   """Whether a JAX accelerator plugin (libtpu, a jax_plugins package) is installed."""
   if importlib.util.find_spec("libtpu") is not None:

@@ -2,8 +2,9 @@
 
   python -m bertjax.benchmarks.step_vs_hf [--rounds 7] [--steps 4]
 
-Both train the same architecture on the same synthetic batches: L=4, H=256, A=4, F=1024, the 30,522-token vocab, sequences of 128
-with 20 masked positions, batch 32, fp32, dropout 0.1 (hidden and
+Both train the same architecture on the same synthetic batches: L=4,
+H=256, A=4, F=1024, the 30,522-token vocab, sequences of 128 with 20 masked
+positions, batch 32, fp32, dropout 0.1 (hidden and
 attention), AdamW (b1 0.9, b2 0.999, eps 1e-6, weight decay 0.01 off biases
 and LayerNorm) after global-norm clipping at 1.0, jitted with the
 parameters and optimizer state donated. bertjax's side is its own train step
@@ -54,7 +55,7 @@ SEQ, PREDICTIONS, BATCH, DROPOUT = 128, 20, 32, 0.1
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _base_config(scan_layers: bool = True):
+def _base_config():
   spec = importlib.util.spec_from_file_location(
       "base_config", os.path.join(REPO, "configs", "base.py"))
   module = importlib.util.module_from_spec(spec)
@@ -62,16 +63,16 @@ def _base_config(scan_layers: bool = True):
   config = module.get_config()
   m = config.model
   m.vocab_size, m.hidden_size, m.num_layers, m.num_heads = VOCAB, HIDDEN, LAYERS, HEADS
-  m.intermediate_size, m.dtype, m.scan_layers = FFN, "float32", scan_layers
+  m.intermediate_size, m.dtype = FFN, "float32"
   m.hidden_dropout_rate = m.attention_dropout_rate = DROPOUT
   config.phases.seq128.global_batch_size = BATCH
   config.phases.seq128.max_predictions_per_seq = PREDICTIONS
   return config
 
 
-def bertjax_step(batch, scan_layers: bool = True):
+def bertjax_step(batch):
   """() -> runs one bertjax train step (state kept inside), jitted and compiled."""
-  return compiled_train_step(_base_config(scan_layers), batch)
+  return compiled_train_step(_base_config(), batch)
 
 
 def compiled_train_step(config, batch, vocab_size: int = VOCAB):
