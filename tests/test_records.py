@@ -71,6 +71,28 @@ def test_encoder_gives_the_same_frames_a_few_rows_at_a_time(monkeypatch):
     np.testing.assert_array_equal(got_lengths, lengths[:count])
 
 
+@pytest.mark.parametrize("max_seq_length,max_pred,vocab_size",
+                         [(128, 20, 30522), (512, 80, 250_000)])
+def test_encoder_on_threads_gives_the_same_frames(monkeypatch, max_seq_length,
+                                                 max_pred, vocab_size):
+  instances = _random_instances(2, 300, max_seq_length, max_pred, vocab_size)
+  frames, lengths = records.ExampleEncoder(max_seq_length, max_pred).frame_rows(instances)
+  monkeypatch.setattr(records, "_ROWS_AT_ONCE", 16)  # 19 blocks over 3 threads.
+  threaded = records.ExampleEncoder(max_seq_length, max_pred, threads=3)
+  for _ in range(2):
+    got, got_lengths = threaded.frame_rows(instances)
+    assert got == frames
+    np.testing.assert_array_equal(got_lengths, lengths)
+
+
+def test_encoder_frames_no_rows():
+  frames, lengths = records.ExampleEncoder(128, 20).frame_batch(
+      np.zeros((0, 128), np.int64), *(np.zeros(0, np.int64),) * 2,
+      np.zeros((0, 20), np.int64), np.zeros((0, 20), np.int64),
+      *(np.zeros(0, np.int64),) * 2)
+  assert frames == b"" and lengths.shape == (0,)
+
+
 def test_encoder_rejects_oversized_instances():
   enc = records.ExampleEncoder(8, 2)
   with pytest.raises(ValueError, match="max_seq_length=8"):

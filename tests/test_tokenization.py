@@ -21,6 +21,7 @@ import transformers
 
 from bertjax.records import schema
 from bertjax.text import ascii_words
+from bertjax.text import ragged
 from bertjax.text import tokenization
 from bertjax.text import vocab as vocab_lib
 
@@ -197,15 +198,16 @@ def test_ascii_word_path_matches_the_original_release(oracle, lower):
   assert sum(map(len, got)) > 20000
   # A cache that fills up starts over and gives the same ids.
   small = ascii_words.AsciiWords(
-      ours._encode_compiled, lower, max_words=40)  # pylint: disable=protected-access
+      lambda words: ragged.flatten(ours._encode_compiled(words)),  # pylint: disable=protected-access
+      lower, max_words=40)
   for start in (0, 500, 0):
     ids, lengths = small.encode_flat(texts[start:start + 500])
     assert lengths.tolist() == [len(x) for x in got[start:start + 500]]
     assert ids.tolist() == [i for x in got[start:start + 500] for i in x]
-  assert len(small._index) > 40  # pylint: disable=protected-access
+  assert len(small) > 40
   assert small.encode_flat(["Zebra Stripes"])[0].tolist() == ours.encode(
       "Zebra Stripes")
-  assert len(small._index) <= 40  # pylint: disable=protected-access
+  assert len(small) <= 40
   # Batches mixing ASCII and other texts keep every text in its place.
   others = oracle["texts"]["adversarial"]
   mixed = [t for pair in zip(texts[:300], others[:300]) for t in pair]
@@ -215,6 +217,39 @@ def test_ascii_word_path_matches_the_original_release(oracle, lower):
   assert lengths.tolist() == [len(x) for x in want]
   assert ids.tolist() == [i for x in want for i in x]
   assert ids.dtype == np.int32
+
+
+class _CollidingWords(ascii_words.AsciiWords):
+  """Hash tables of zeros (a word's hash is then its length) for the first
+  `bad` draws, random ones after."""
+
+  def __init__(self, *args, bad: int, **kwargs):
+    self.draws, self.bad = 0, bad
+    super().__init__(*args, **kwargs)
+
+  def _new_tables(self):
+    super()._new_tables()
+    self.draws += 1
+    if self.draws <= self.bad:
+      self._tables = np.zeros_like(self._tables)
+
+
+@pytest.mark.parametrize("bad", [1, 3])
+def test_ascii_words_give_the_right_ids_when_hashes_collide(oracle, bad):
+  # Every word of one length has one hash: matches are checked byte for
+  # byte, so the collisions are found and new tables drawn (with bad=3 the
+  # cached words themselves collide after the first new draw: the cache
+  # starts over).
+  ours = oracle[True]["ours"]
+  texts = oracle["texts"]["ascii"][:400]
+  want = ours.encode_batch(texts)
+  words = _CollidingWords(ours._encode_words, True, bad=bad)  # pylint: disable=protected-access
+  for a, b in ((0, 200), (200, 400)):
+    ids, lengths = words.encode_flat(texts[a:b])
+    got = want[a:b]
+    assert lengths.tolist() == [len(x) for x in got]
+    assert ids.tolist() == [i for x in got for i in x]
+  assert words.draws == bad + 1 and words._tables.any()  # pylint: disable=protected-access
 
 
 def test_encode_flat_a_batch_at_a_time_gives_the_same_ids(oracle, monkeypatch):

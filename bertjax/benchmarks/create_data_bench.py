@@ -32,7 +32,10 @@ seconds, CPU seconds (user + system of the process and its workers) and the
 peak resident memory of each of the process and its workers, summed (each
 process's high-water mark, VmHWM, read from /proc every 20 ms, so no short
 peak is missed; the sum is at least the peak of the total); then medians and ranges, and ratios to the original's run
-of the same pair.
+of the same pair. Each bertjax checkout is byte-compiled first (`python -m
+compileall`), as pip byte-compiles the original's installed package, and
+every side runs from the scratch directory (from a checkout, `python -m`
+would import that checkout's bertjax whatever PYTHONPATH says).
 
 --sizes_mb SIZES repeats the runs on the first SIZES megabytes of one
 corpus (its vocab built on the largest), to show how time and memory grow
@@ -126,11 +129,12 @@ def _tree_hwm_kib(pid: int, hwm: dict[int, int]) -> None:
       pass
 
 
-def run_process(argv, env=None) -> dict:
+def run_process(argv, env=None, cwd=None) -> dict:
   """Runs a command; returns its wall and CPU seconds and peak tree memory."""
   with tempfile.TemporaryFile() as err:
     start = time.time()
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err)  # pylint: disable=consider-using-with
+    proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=subprocess.DEVNULL,  # pylint: disable=consider-using-with
+                            stderr=err)
     hwm = {}
     while True:
       pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -173,11 +177,20 @@ def whole_process(args, tmp, corpus, vocab):
   sides.append(("bertjax", bertjax_argv(args.workers), dict(os.environ, PYTHONPATH=here)))
   for w in [int(x) for x in args.also_workers.split(",") if x]:
     sides.append((f"bertjax {w}w", bertjax_argv(w), dict(os.environ, PYTHONPATH=here)))
+  # Each checkout's modules byte-compiled first, as pip compiles installed
+  # packages (the original's among them) and as Python does on a first run:
+  # with PYTHONDONTWRITEBYTECODE set, every run would compile bertjax again.
+  for checkout in {here, args.baseline} - {""}:
+    subprocess.run([sys.executable, "-m", "compileall", "-q",
+                    os.path.join(checkout, "bertjax")], check=True, stdout=subprocess.DEVNULL)
   results = {name: [] for name, _, _ in sides}
   for r in range(args.repeat):
     for name, argv, env in sides:
       shutil.rmtree(out, ignore_errors=True)
-      got = run_process(argv, env)
+      # From the scratch directory: `python -m` puts the working directory
+      # first on sys.path, ahead of PYTHONPATH, so from a checkout every side
+      # would import that checkout's bertjax.
+      got = run_process(argv, env, cwd=tmp)
       results[name].append(got)
       print(f"pair {r}: {name:<11} {got['wall']:7.1f} s wall {got['cpu']:7.1f} s CPU "
             f"{got['peak_mib']:7,.0f} MiB peak (load average {os.getloadavg()[0]:.1f})",

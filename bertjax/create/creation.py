@@ -44,6 +44,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from bertjax import hostmem
 from bertjax.create import documents
 from bertjax.create import mapper
 from bertjax.create import partition
@@ -217,7 +218,10 @@ def _worker_pool(num_workers, num_tasks, config, tokenizer_spec, tokenizer,
   """
   gc_threshold = gc.get_threshold()
   if num_workers == 1 or num_tasks <= 1:
-    tasks.worker_init(config, tokenizer_spec, tokenizer)
+    threads = tasks.in_process_threads()
+    if threads > 1:
+      hostmem.one_arena()
+    tasks.worker_init(config, tokenizer_spec, tokenizer, threads)
     gc.set_threshold(*tasks.GC_THRESHOLD)
     pool = None
   else:

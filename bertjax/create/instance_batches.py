@@ -259,15 +259,16 @@ def _replace_chosen(ids, positions, vocab, gen):
   (B, L), P = ids.shape, positions.shape[1]
   used = positions < L
   positions = np.where(used, positions, 0)
-  labels = np.where(used, np.take_along_axis(ids, positions, axis=1), 0)
+  at = positions + (np.arange(B) * L)[:, None]  # Places in the flat rows.
+  labels = np.where(used, np.take(ids, at), 0)
   kind = masking.replacements(gen.random((B, P)), gen.random((B, P)))
-  rows = np.broadcast_to(np.arange(B)[:, None], (B, P))
   to_mask = used & (kind == masking.MASK)
   to_random = used & (kind == masking.RANDOM)
   masked = ids.copy()
-  masked[rows[to_mask], positions[to_mask]] = vocab.mask_id
+  flat = masked.reshape(-1)
+  flat[np.compress(to_mask.ravel(), at)] = vocab.mask_id
   replacement = vocab.replacement_array
-  masked[rows[to_random], positions[to_random]] = replacement[
+  flat[np.compress(to_random.ravel(), at)] = replacement[
       gen.integers(0, len(replacement), int(to_random.sum()))]
   return masked, positions, labels
 

@@ -14,8 +14,11 @@ record i spans [offsets[i], offsets[i + 1]) (the last one runs to the end of
 the file) and the number of records is `len(offsets)`.
 """
 
+import concurrent.futures
+import functools
 import os
 import struct
+import threading
 from typing import Iterable, Sequence
 
 import google_crc32c
@@ -23,7 +26,6 @@ import numpy as np
 
 from bertjax.records import fileio
 from bertjax.records import tfrecord
-from bertjax.text.ragged import ranges as ragged_ranges
 
 FEATURE_ORDER = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
                  "masked_lm_ids", "masked_lm_weights", "next_sentence_labels")
@@ -54,38 +56,50 @@ class ExampleEncoder:
 
   Features are written in sorted name order, so the bytes equal
   `tf.train.Example(...).SerializeToString(deterministic=True)`. A batch of
-  instances is encoded at once in numpy (frame_batch): the varints of all ids
-  together, every feature's header precomputed per payload length, and the
-  parts of every record gathered into one buffer.
+  instances is encoded at once in numpy (frame_batch): each row is laid out
+  in a byte grid of fixed-width slots (the varints of every id, looked up in
+  a table; every feature's header, looked up by payload length) with a mask
+  of the bytes in use, and one `np.compress` of the grid gives the frames
+  back to back.
   """
 
-  def __init__(self, max_seq_length: int, max_predictions_per_seq: int):
+  def __init__(self, max_seq_length: int, max_predictions_per_seq: int,
+               threads: int = 1):
+    """`threads` > 1: frame_batch encodes batches of more than
+    _ROWS_AT_ONCE rows a block of rows per thread (numpy releases Python's
+    global lock in most of the work), each thread with its own encoder."""
     self.max_seq_length = L = max_seq_length
     self.max_predictions_per_seq = P = max_predictions_per_seq
-    self._heads = {name: {} for name in FEATURE_ORDER}
+    self._pool, self._local = None, None
+    if threads > 1:
+      self._pool = concurrent.futures.ThreadPoolExecutor(threads)
+      self._local = threading.local()
     self._varint_words, self._varint_num = _varint_table(1 << 14)
-    self._mask = [self._int_head("input_mask", L) + b"\x01" * n
-                  + b"\x00" * (L - n) for n in range(L + 1)]
+    self._heads = {name: _Table(functools.partial(self._int_head, name))
+                   for name in ("input_ids", "masked_lm_ids", "masked_lm_positions")}
+    self._headers = _Table(frame_header)
+    self._mask = _fixed([self._int_head("input_mask", L) + b"\x01" * n
+                         + b"\x00" * (L - n) for n in range(L + 1)])
     one = struct.pack("<f", 1.0)
-    self._weights = []
+    weights = []
     for k in range(P + 1):
       payload = one * k + b"\x00\x00\x00\x00" * (P - k)
       key = _field(1, b"masked_lm_weights")
-      self._weights.append(_field(1, key + _field(2, _field(2, _field(1, payload)))))
-    self._labels = [self._int_head("next_sentence_labels", 1) + bytes([v])
-                    for v in (0, 1)]
-    self._segment_head = self._int_head("segment_ids", L)
+      weights.append(_field(1, key + _field(2, _field(2, _field(1, payload)))))
+    self._weights = _fixed(weights)
+    self._labels = _fixed([self._int_head("next_sentence_labels", 1) + bytes([v])
+                           for v in (0, 1)])
+    segment_head = self._int_head("segment_ids", L)
+    self._segment_head = np.frombuffer(segment_head, np.uint8)
+    # Below the segment ids: a row of n ones then zeros, for each n.
+    self._prefix_ones = np.tri(L + 1, L, -1, np.uint8)
 
   def _int_head(self, name: str, num_bytes: int) -> bytes:
     """Everything of an int64 feature's map entry before its payload."""
-    heads = self._heads[name]
-    head = heads.get(num_bytes)
-    if head is None:
-      marker = b"\xff" * num_bytes  # Stands in for the payload.
-      entry = _field(1, _field(1, name.encode())
-                     + _field(2, _field(3, _field(1, marker))))
-      head = heads[num_bytes] = entry[:-num_bytes]
-    return head
+    marker = b"\xff" * num_bytes  # Stands in for the payload.
+    entry = _field(1, _field(1, name.encode())
+                   + _field(2, _field(3, _field(1, marker))))
+    return entry[:len(entry) - num_bytes]
 
   def encode(self, input_ids: Sequence[int], num_a: int,
              masked_lm_positions: Sequence[int], masked_lm_ids: Sequence[int],
@@ -137,70 +151,128 @@ class ExampleEncoder:
       raise ValueError(f"rows of {ids_BxL.shape[1:]} tokens / {positions_BxP.shape[1:]} "
                        f"predictions; the encoder's are max_seq_length={L} / "
                        f"max_predictions_per_seq={P}")
-    if B > _ROWS_AT_ONCE:  # Bounds the memory of the per-byte arrays.
-      rows = [(a, a + _ROWS_AT_ONCE) for a in range(0, B, _ROWS_AT_ONCE)]
-      frames, lengths = zip(*(self.frame_batch(*(x[a:b] for x in (
-          ids_BxL, lengths_B, num_a_B, positions_BxP, labels_BxP,
-          num_predictions_B, is_random_next_B))) for a, b in rows))
+    if B > _ROWS_AT_ONCE:  # Bounds the memory of the byte grid.
+      fields = (ids_BxL, lengths_B, num_a_B, positions_BxP, labels_BxP,
+                num_predictions_B, is_random_next_B)
+      blocks = [[x[a:a + _ROWS_AT_ONCE] for x in fields]
+                for a in range(0, B, _ROWS_AT_ONCE)]
+      if self._pool is None:
+        done = [self.frame_batch(*block) for block in blocks]
+      else:
+        done = list(self._pool.map(lambda block: self._thread_encoder().frame_batch(*block),
+                                   blocks))
+      frames, lengths = zip(*done)
       return b"".join(frames), np.concatenate(lengths)
     n, a = np.asarray(lengths_B, np.int64), np.asarray(num_a_B, np.int64)
     k = np.asarray(num_predictions_B, np.int64)
-    ids, ids_n = self._varints(ids_BxL)
-    lab, lab_n = self._varints(labels_BxP)
-    pos, pos_n = self._varints(positions_BxP)
-    cols = np.arange(L)
-    segments = ((cols >= a[:, None] + 2) & (cols < n[:, None])).astype(np.uint8)
+    # Slots of every row, in order: (bytes, mask of the bytes in use or None
+    # for all, bytes in use per row).
+    ids = self._varint_slot(ids_BxL)
+    lab = self._varint_slot(labels_BxP)
+    pos = self._varint_slot(positions_BxP)
+    segments = self._prefix_ones[n] - self._prefix_ones[np.minimum(a + 2, n)]
     body = [
-        self._head_part("input_ids", ids_n), _ragged_part(ids, ids_n),
-        _table_part(self._mask, n),
-        self._head_part("masked_lm_ids", lab_n), _ragged_part(lab, lab_n),
-        self._head_part("masked_lm_positions", pos_n), _ragged_part(pos, pos_n),
-        _table_part(self._weights, k),
-        _table_part(self._labels, np.asarray(is_random_next_B, np.int64)),
-        _table_part([self._segment_head], np.zeros(B, np.int64)),
-        _ragged_part(segments.ravel(), np.full(B, L)),
+        self._heads["input_ids"].slot(ids[2]), ids, _take_fixed(self._mask, n),
+        self._heads["masked_lm_ids"].slot(lab[2]), lab,
+        self._heads["masked_lm_positions"].slot(pos[2]), pos,
+        _take_fixed(self._weights, k),
+        _take_fixed(self._labels, np.asarray(is_random_next_B, np.int64)),
+        (np.broadcast_to(self._segment_head, (B, len(self._segment_head))), None,
+         len(self._segment_head)),
+        (segments, None, L),
     ]
-    size = sum(part[2] for part in body)
-    prefix = _lookup_part(lambda v: b"\n" + varint(v), size)
-    data_n = size + prefix[2]
-    header = _lookup_part(frame_header, data_n)
-    footer = (np.zeros(tfrecord.FOOTER_BYTES, np.uint8), np.zeros(B, np.int64),
-              np.full(B, tfrecord.FOOTER_BYTES))
-    out, starts = _concat_rows([header, prefix, *body, footer])
+    size = sum(slot[2] for slot in body)
+    prefix = self._varint_slot(size[:, None])
+    data_n = size + 1 + prefix[2]  # b"\n" (Example.features) and its length.
+    slots = [self._headers.slot(data_n), (np.full((B, 1), 0x0A, np.uint8), None, 1),
+             prefix, *body,
+             (np.zeros((B, tfrecord.FOOTER_BYTES), np.uint8), None,
+              tfrecord.FOOTER_BYTES)]
+    width = sum(slot[0].shape[1] for slot in slots)
+    grid = np.empty((B, width), np.uint8)
+    keep = np.ones((B, width), bool)
+    c = 0
+    for values, valid, _ in slots:
+      w = values.shape[1]
+      grid[:, c:c + w] = values
+      if valid is not None:
+        keep[:, c:c + w] = valid
+      c += w
+    out = np.compress(keep.ravel(), grid.ravel())
     frame_n = data_n + tfrecord.FRAME_OVERHEAD
-    data_start = starts + tfrecord.HEADER_BYTES
+    ends = np.cumsum(frame_n)
+    data_start = ends - frame_n + tfrecord.HEADER_BYTES
     data = out.tobytes()
     crcs = tfrecord.mask_crc32c(np.fromiter(
         (google_crc32c.value(data[s:s + m]) for s, m in
          zip(data_start.tolist(), data_n.tolist())), np.uint32, B))
-    out[ragged_ranges(data_start + data_n, np.full(B, tfrecord.FOOTER_BYTES))] = (
-        crcs.astype("<u4").view(np.uint8))
+    footer = (ends - tfrecord.FOOTER_BYTES)[:, None] + np.arange(tfrecord.FOOTER_BYTES)
+    out[footer] = crcs.astype("<u4").view(np.uint8).reshape(B, tfrecord.FOOTER_BYTES)
     return out.tobytes(), frame_n
 
-  def _varints(self, values_BxM: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(protobuf varints of every value, row-major, back to back; bytes per
-    row) of non-negative ints below 2**28, by table lookup."""
+  def _thread_encoder(self) -> "ExampleEncoder":
+    """This thread's encoder (tables grow as frame_batch meets larger
+    values, so threads do not share them)."""
+    encoder = getattr(self._local, "encoder", None)
+    if encoder is None:
+      encoder = self._local.encoder = ExampleEncoder(self.max_seq_length,
+                                                     self.max_predictions_per_seq)
+    return encoder
+
+  def _varint_slot(self, values_BxM: np.ndarray):
+    """The protobuf varints of B rows of M non-negative ints below 2**28, by
+    table lookup: (B x 4M bytes, their mask, bytes in use per row)."""
     values = np.asarray(values_BxM)
     top = int(values.max(initial=0))
     if top >= len(self._varint_num):
       self._varint_words, self._varint_num = _varint_table(
           min(max(2 * top, 1 << 14), max(top + 1, 1 << 28)))
-    num = np.take(self._varint_num, values)  # np.take: see _concat_rows.
-    words = np.take(self._varint_words, values.ravel())
-    ends = np.cumsum(num, dtype=np.int64)
-    starts = ends - num.ravel()
-    out = np.empty(int(ends[-1]) if len(ends) else 0, np.uint8)
-    out[starts] = words.astype(np.uint8)
-    # Byte k of the values that have one, k = 1, 2, 3.
-    for k in range(1, 4):
-      longer = np.flatnonzero(num.ravel() > k)
-      if not len(longer):
-        break
-      out[starts[longer] + k] = (words[longer] >> (8 * k)).astype(np.uint8)
-    return out, num.sum(-1, dtype=np.int64)
+    B, M = values.shape
+    num = np.take(self._varint_num, values)
+    words = np.take(self._varint_words, values)
+    return (words.view(np.uint8).reshape(B, 4 * M),
+            np.take(_IN_USE, num).view(bool).reshape(B, 4 * M),
+            num.sum(-1, dtype=np.int64))
 
-  def _head_part(self, name: str, num_bytes_B: np.ndarray):
-    return _lookup_part(lambda v: self._int_head(name, v), num_bytes_B)
+
+# Per varint length 0-4: which of a 4-byte word's bytes are in use, as bools.
+_IN_USE = np.array([0, 0x1, 0x101, 0x10101, 0x1010101], "<u4")
+
+
+class _Table:
+  """make(v) for v = 0, 1, ... (bytes), padded to one width: built as far as
+  the values asked for, doubling."""
+
+  def __init__(self, make):
+    self._make = make
+    self._items = []
+
+  def slot(self, values_B: np.ndarray):
+    """(make(v) per row, padded; mask of the bytes in use; their number)."""
+    top = int(values_B.max(initial=0))
+    if top >= len(self._items):
+      self._items += [self._make(v) for v in range(len(self._items), 2 * top + 1)]
+      width = max(map(len, self._items))
+      self._lengths = np.fromiter(map(len, self._items), np.int64, len(self._items))
+      self._bytes = np.zeros((len(self._items), width), np.uint8)
+      for i, item in enumerate(self._items):
+        self._bytes[i, :len(item)] = np.frombuffer(item, np.uint8)
+      self._in_use = np.arange(width) < self._lengths[:, None]
+      self._all_in_use = bool(self._in_use.all())
+    return (np.take(self._bytes, values_B, axis=0),
+            None if self._all_in_use else np.take(self._in_use, values_B, axis=0),
+            np.take(self._lengths, values_B))
+
+
+def _fixed(items: Sequence[bytes]) -> np.ndarray:
+  """Items of one length as the rows of a uint8 table."""
+  if len(set(map(len, items))) != 1:
+    raise ValueError("items of different lengths")
+  return np.frombuffer(b"".join(items), np.uint8).reshape(len(items), -1)
+
+
+def _take_fixed(table: np.ndarray, index_B: np.ndarray):
+  return np.take(table, index_B, axis=0), None, table.shape[1]
 
 
 def _varint_table(size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -214,45 +286,6 @@ def _varint_table(size: int) -> tuple[np.ndarray, np.ndarray]:
   out = ((v[:, None] >> (7 * byte)) & 0x7F) | np.where(byte < num[:, None] - 1, 0x80, 0)
   out = np.where(byte < num[:, None], out, 0).astype(np.uint8)
   return out.view("<u4").ravel(), num.astype(np.uint8)
-
-
-def _ragged_part(flat: np.ndarray, counts_B: np.ndarray):
-  """A part of every row: rows' bytes back to back in `flat`, counts_B per row."""
-  counts = np.asarray(counts_B, np.int64)
-  return flat, np.cumsum(counts) - counts, counts
-
-
-def _table_part(items: Sequence[bytes], index_B: np.ndarray):
-  """A part of every row: items[index_B[b]] for row b."""
-  sizes = np.fromiter(map(len, items), np.int64, len(items))
-  return (np.frombuffer(b"".join(items), np.uint8), (np.cumsum(sizes) - sizes)[index_B],
-          sizes[index_B])
-
-
-def _lookup_part(make, values_B: np.ndarray):
-  """A part of every row: make(values_B[b]), made once per distinct value."""
-  distinct, index = np.unique(values_B, return_inverse=True)
-  return _table_part([make(int(v)) for v in distinct], index.reshape(-1))
-
-
-def _concat_rows(parts) -> tuple[np.ndarray, np.ndarray]:
-  """(every row's parts in order, rows back to back; where each row starts).
-  A part is (flat uint8 source, start per row, count per row).
-
-  One gather from all sources joined: the output's byte i is the source byte
-  its segment (row, part) starts at plus i's place in the segment.
-  """
-  sources = [p[0] for p in parts]
-  base = np.cumsum([0] + [len(src) for src in sources[:-1]])
-  src_BxS = np.stack([p[1] + b for p, b in zip(parts, base)], axis=1).ravel()
-  counts_BxS = np.stack([p[2] for p in parts], axis=1).ravel()
-  ends = np.cumsum(counts_BxS)
-  starts = ends - counts_BxS
-  index = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int32)
-  index += np.repeat((src_BxS - starts).astype(np.int32), counts_BxS)
-  # np.take, not [index]: numpy's fancy indexing takes an int32 index
-  # through a slower path (about 3x slower here).
-  return np.take(np.concatenate(sources), index), starts[::len(parts)]
 
 
 def _masked_crc(data: bytes) -> bytes:

@@ -36,21 +36,33 @@ _WORKER = {}
 # its share of a run's CPU time from about 3% to 1%.
 GC_THRESHOLD = (10_000, 10, 10)
 FRAME_ROWS = 4096  # Rows the reduce step serialises and writes at once.
+FRAME_THREADS = 2  # At most this many threads serialise them (in_process_threads).
 
 
 def worker_init(config: mapper.CreationConfig,
-                tokenizer_spec: mapper.TokenizerSpec, tokenizer=None) -> None:
+                tokenizer_spec: mapper.TokenizerSpec, tokenizer=None,
+                frame_threads: int = 1) -> None:
   """Sets what the tasks of this process share: the tokenizer, loaded from
-  the spec on demand unless given (the one already loaded in this process)."""
+  the spec on demand unless given (the one already loaded in this process),
+  and the threads the reduce step serialises records on."""
   os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
   _WORKER.clear()
-  _WORKER.update(config=config, spec=tokenizer_spec, tokenizer=tokenizer)
+  _WORKER.update(config=config, spec=tokenizer_spec, tokenizer=tokenizer,
+                 frame_threads=frame_threads)
+
+
+def in_process_threads() -> int:
+  """Threads for the reduce step's serialising when one process runs every
+  task: the cores it may use, up to FRAME_THREADS."""
+  cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+           else os.cpu_count() or 1)
+  return max(1, min(FRAME_THREADS, cores))
 
 
 def worker_process_init(config: mapper.CreationConfig,
                         tokenizer_spec: mapper.TokenizerSpec) -> None:
-  """worker_init for a worker process of a pool, which also collects garbage
-  at GC_THRESHOLD."""
+  """worker_init for a worker process of a pool (one thread: the pool's
+  processes use the cores), which also collects garbage at GC_THRESHOLD."""
   gc.set_threshold(*GC_THRESHOLD)
   worker_init(config, tokenizer_spec)
 
@@ -134,7 +146,8 @@ def reduce_task(shard_index: int, output_dir: str, work_dir: str,
   config = _WORKER["config"]
   if "encoder" not in _WORKER:
     _WORKER["encoder"] = records.ExampleEncoder(config.max_seq_length,
-                                                config.max_predictions_per_seq)
+                                                config.max_predictions_per_seq,
+                                                _WORKER["frame_threads"])
   runs = spills.list_runs([task_dir(work_dir, "map", m) for m in map_indices])
   path = os.path.join(output_dir, records.shard_name(shard_index, num_shards))
   with records.FramedShardWriter(path) as writer:

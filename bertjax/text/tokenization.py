@@ -53,6 +53,7 @@ KINDS = ("wordpiece", "sentencepiece")
 SPECIAL_KEYS = ("pad", "unk", "cls", "sep", "mask")
 WORD_BOUNDARY = "\u2581"  # SentencePiece's "▁", starting a word's first piece.
 _BATCH_CHARS = 1 << 20  # Characters of text encoded together (encode_flat).
+_WORD_TEXTS = 8  # Texts new ASCII words are joined into (_encode_words).
 
 
 def read_vocab(path: str) -> list[str]:
@@ -210,9 +211,25 @@ class WordPieceTokenizer(Tokenizer):
       pipeline.pre_tokenizer = basic.pre_tokenizer
       self._scoped = (basic, pipeline)
 
-  def _encode_words(self, words: Sequence[str]) -> list[list[int]]:
-    """Ids of ASCII words made by ascii_words (on all cores)."""
-    return _ids(self._word_pieces, words) if words else []
+  def _encode_words(self, words: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(ids of ASCII words made by ascii_words back to back as int32, ids per
+    word). The words go to WordPiece joined by spaces into a few texts (on
+    all cores unless TOKENIZERS_PARALLELISM=false), one `Encoding` per text
+    instead of per word; each id's `word_ids` entry says which word it came
+    from."""
+    if not words:
+      return np.zeros(0, np.int32), np.zeros(0, np.int64)
+    cuts = np.linspace(0, len(words), min(_WORD_TEXTS, len(words)) + 1).astype(int).tolist()
+    texts = [" ".join(words[a:b]) for a, b in zip(cuts, cuts[1:])]
+    ids, counts = [], []
+    for (a, b), e in zip(zip(cuts, cuts[1:]), self._word_pieces.encode_batch(
+        texts, add_special_tokens=False)):
+      ids.append(np.asarray(e.ids, np.int32))
+      counts.append(np.bincount(np.asarray(e.word_ids, np.int64), minlength=b - a))
+    counts = np.concatenate(counts)
+    if len(counts) != len(words) or not counts.all():
+      raise RuntimeError("WordPiece split the joined words differently")
+    return np.concatenate(ids), counts
 
   def encode_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     """(ids of all texts back to back as int32, number of ids per text).
