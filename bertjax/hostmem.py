@@ -20,6 +20,9 @@ is unset and no accelerator plugin (libtpu, a jax_plugins package) is
 installed. On a TPU or GPU host the step's buffers live on the device and the
 host's threads are the input pipeline's, for which one arena is not measured.
 BERTJAX_HOST_MALLOC=default turns it off.
+
+`one_arena()` is the one-arena part alone, set from inside a running
+process: data creation calls it before it starts its serialising threads.
 """
 
 import functools
