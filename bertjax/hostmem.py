@@ -22,14 +22,16 @@ host's threads are the input pipeline's, for which one arena is not measured.
 BERTJAX_HOST_MALLOC=default turns it off.
 
 `one_arena()` is the one-arena part alone, set from inside a running
-process: data creation calls it before it starts its serialising threads.
+process for a block: data creation's in-process run starts its serialising
+threads inside one.
 """
 
+import contextlib
 import functools
 import os
 import platform
 import sys
-from typing import Mapping, Optional
+from typing import Iterator, Mapping, Optional
 
 TRIM_THRESHOLD = 2**31 - 1  # mallopt takes an int
 TUNABLES = ("glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:"
@@ -114,15 +116,24 @@ def restore_malloc_thresholds() -> bool:
   return bool(mmap_set and trim_set)
 
 
-def one_arena() -> bool:
-  """mallopt(M_ARENA_MAX, 1): threads started from now on allocate from the
-  main heap instead of an arena each, whose freed memory glibc keeps per
-  thread (data creation's serialising threads: a peak 25 MiB higher without
-  it). Threads that already have an arena keep it. A no-op where libc has no
-  mallopt; returns whether it was set."""
+@contextlib.contextmanager
+def one_arena() -> Iterator[bool]:
+  """mallopt(M_ARENA_MAX, 1) inside the block: threads that first allocate
+  there use the main heap for good instead of an arena each, whose freed
+  memory glibc keeps per thread (data creation's serialising threads: a peak
+  25 MiB higher without it). On leaving, threads started later may take
+  arenas again, up to glibc's own limit (8 per core), unless the process
+  runs with `TUNABLES`. Yields whether it was set (not where libc has no
+  mallopt)."""
   try:
     import ctypes  # pylint: disable=g-import-not-at-top
     mallopt = ctypes.CDLL(None).mallopt
   except (AttributeError, OSError):
-    return False
-  return bool(mallopt(_M_ARENA_MAX, 1))
+    yield False
+    return
+  was_set = bool(mallopt(_M_ARENA_MAX, 1))
+  try:
+    yield was_set
+  finally:
+    if was_set and not active():
+      mallopt(_M_ARENA_MAX, 8 * (os.cpu_count() or 1))

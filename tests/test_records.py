@@ -83,6 +83,8 @@ def test_encoder_on_threads_gives_the_same_frames(monkeypatch, max_seq_length,
     got, got_lengths = threaded.frame_rows(instances)
     assert got == frames
     np.testing.assert_array_equal(got_lengths, lengths)
+  threaded.close()  # Then on this thread, the same frames.
+  assert threaded.frame_rows(instances)[0] == frames
 
 
 def test_encoder_frames_no_rows():

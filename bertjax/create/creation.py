@@ -217,10 +217,11 @@ def _worker_pool(num_workers, num_tasks, config, tokenizer_spec, tokenizer,
   waiting for it.
   """
   gc_threshold = gc.get_threshold()
+  arena = contextlib.nullcontext()
   if num_workers == 1 or num_tasks <= 1:
     threads = tasks.in_process_threads()
     if threads > 1:
-      hostmem.one_arena()
+      arena = hostmem.one_arena()
     tasks.worker_init(config, tokenizer_spec, tokenizer, threads)
     gc.set_threshold(*tasks.GC_THRESHOLD)
     pool = None
@@ -236,9 +237,11 @@ def _worker_pool(num_workers, num_tasks, config, tokenizer_spec, tokenizer,
     return _run_step(pool, desc, list(indices), task, done, show_progress)
 
   try:
-    yield run
+    with arena:
+      yield run
   finally:
     gc.set_threshold(*gc_threshold)
+    tasks.worker_close()
     if pool is not None:
       pool.shutdown(cancel_futures=True)
 

@@ -210,6 +210,12 @@ class ExampleEncoder:
     out[footer] = crcs.astype("<u4").view(np.uint8).reshape(B, tfrecord.FOOTER_BYTES)
     return out.tobytes(), frame_n
 
+  def close(self) -> None:
+    """Stops the threads (frame_batch then runs on the caller's)."""
+    if self._pool is not None:
+      self._pool.shutdown()
+      self._pool = None
+
   def _thread_encoder(self) -> "ExampleEncoder":
     """This thread's encoder (tables grow as frame_batch meets larger
     values, so threads do not share them)."""

@@ -51,6 +51,13 @@ def worker_init(config: mapper.CreationConfig,
                  frame_threads=frame_threads)
 
 
+def worker_close() -> None:
+  """Stops this process's serialising threads (in-process runs)."""
+  encoder = _WORKER.pop("encoder", None)
+  if encoder is not None:
+    encoder.close()
+
+
 def in_process_threads() -> int:
   """Threads for the reduce step's serialising when one process runs every
   task: the cores it may use, up to FRAME_THREADS."""
