@@ -3,6 +3,7 @@
 import hashlib
 import os
 import shutil
+import subprocess
 import sys
 import threading
 
@@ -370,3 +371,24 @@ def test_resume_on_another_number_of_slices_continues_the_global_order(dataset):
   before = global_batches(4, 0, 4)
   after = global_batches(2, 4, 4)
   assert [digest(b) for b in before + after] == [digest(b) for b in alone]
+
+
+def test_process_that_leaves_an_iterator_open_still_exits(dataset):
+  # Without the exit hook the interpreter destroys the open tf.data iterator
+  # while its generator thread waits for the GIL, and the process never ends.
+  directory, _ = dataset
+  script = (
+      "import sys\n"
+      "from bertjax.input import pipeline\n"
+      f"src = pipeline.TrainSource({pattern(directory)!r}, 8, max_seq_length={L}, "
+      f"max_predictions_per_seq={P}, seed=0, process_index=0, process_count=1)\n"
+      "it = src.iterate(0)\n"
+      "for _ in range(3): next(it)\n"
+      "print('read', flush=True)\n")
+  try:
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=240, check=False)
+  except subprocess.TimeoutExpired:
+    pytest.fail("a process that left a TrainSource iterator open did not exit in 240 s")
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert "read" in done.stdout

@@ -36,3 +36,51 @@ def test_downstream_budget_names_the_bad_flag(tmp_path):
     downstream_budget._checkpoints([], str(tmp_path), random_init=False)
   got = downstream_budget._checkpoints(["p=paper"], str(tmp_path), random_init=True)
   assert got == {"p": str(tmp_path / "paper"), "random init": ""}
+
+
+def test_time_to_quality_modern_lr_scale_sets_the_modern_rate_only():
+  from bertjax.benchmarks import time_to_quality  # pylint: disable=import-outside-toplevel
+  tiny_rate = recipes.paper_config(100).optimizer.learning_rate
+  modern = time_to_quality.recipe_config("modern", 100, modern_lr_scale=2.0)
+  assert abs(modern.optimizer.learning_rate - 2.0 * tiny_rate) < 1e-12
+  default = time_to_quality.recipe_config("modern", 100)
+  assert abs(default.optimizer.learning_rate - 1.25 * tiny_rate) < 1e-12
+  paper = time_to_quality.recipe_config("paper", 100, modern_lr_scale=2.0)
+  assert paper.optimizer.learning_rate == tiny_rate
+
+
+_FAKE_RECIPE = '''
+import json, os, sys, time
+name = sys.argv[1].split("=", 1)[1]
+root = sys.argv[2]
+start = time.time()
+time.sleep(0.5)
+if name == "bad":
+  sys.exit(3)
+with open(os.path.join(root, name, "curve.json"), "w") as f:
+  json.dump({"name": name, "workdir": root, "steps": [1], "seconds": [start, time.time()]}, f)
+'''
+
+
+@pytest.mark.parametrize("side_by_side", [False, True])
+def test_pretrain_in_processes_runs_one_after_another_or_at_once(tmp_path, monkeypatch,
+                                                                  side_by_side):
+  (tmp_path / "fake_recipe.py").write_text(_FAKE_RECIPE)
+  monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+  curves = recipes.pretrain_in_processes("fake_recipe", ["a", "b"], str(tmp_path),
+                                         [str(tmp_path)], side_by_side=side_by_side)
+  (a_start, a_end), (b_start, b_end) = curves["a"].seconds, curves["b"].seconds
+  if side_by_side:
+    assert b_start < a_end and a_start < b_end  # The runs overlap.
+  else:
+    assert a_end <= b_start  # b starts after a has finished.
+  assert (tmp_path / "a" / "pretrain.log").exists()
+
+
+def test_pretrain_in_processes_names_the_failed_recipe_and_stops(tmp_path, monkeypatch):
+  (tmp_path / "fake_recipe.py").write_text(_FAKE_RECIPE)
+  monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+  with pytest.raises(SystemExit, match=r"bad \(exit 3; see .*bad/pretrain.log\)"):
+    recipes.pretrain_in_processes("fake_recipe", ["bad", "b"], str(tmp_path),
+                                  [str(tmp_path)], side_by_side=False)
+  assert not (tmp_path / "b").exists()  # One after another: b never started.

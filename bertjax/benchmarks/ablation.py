@@ -3,7 +3,7 @@
   python -m bertjax.benchmarks.ablation --workdir=/tmp/ablation [--total_steps=4800]
 
 Pretrains the demo model (configs/tiny.py) three times for the same number of
-steps, at the same time (recipes.pretrain_side_by_side: one process each, so
+steps, at the same time (recipes.pretrain_in_processes: one process each, so
 that the machine's other load falls on all three alike), changing only
 config.objective: mlm+nsp (BERT), mlm (No NSP: full
 sentences, no NSP head) and ltr (LTR & No NSP: a causal left-to-right LM
@@ -61,9 +61,9 @@ def main():
   os.makedirs(root, exist_ok=True)
   pattern = recipes.eval_pattern(root)
   recipes.prepare_data([_config(o, args.total_steps) for o in PAPER], root)
-  curves = recipes.pretrain_side_by_side(
+  curves = recipes.pretrain_in_processes(
       "bertjax.benchmarks.ablation", [_dirname(o) for o in PAPER], root,
-      [f"--workdir={root}", f"--total_steps={args.total_steps}"])
+      [f"--workdir={root}", f"--total_steps={args.total_steps}"], side_by_side=True)
   results = {}
   for objective in PAPER:
     name = _dirname(objective)

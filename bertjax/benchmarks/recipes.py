@@ -115,29 +115,50 @@ def pretrain(name: str, config, workdir: str, *, checkpoints: int) -> Curve:
   return Curve(name, workdir, steps, seconds)
 
 
-def pretrain_side_by_side(module: str, names: list[str], root: str, argv: list[str]
-                          ) -> dict[str, Curve]:
-  """Pretrains every recipe in `names` at the same time, each in its own
-  process (`python -m module --_pretrain=NAME ARGV...`), none pinned to a
-  CPU, so that the scheduler shares the CPUs and whatever else loads the
-  machine between them alike (pinning each to its own CPUs would leave one
-  recipe the busier CPU); returns each recipe's Curve (read from
+def pretrain_in_processes(module: str, names: list[str], root: str, argv: list[str], *,
+                          side_by_side: bool) -> dict[str, Curve]:
+  """Pretrains every recipe in `names`, each in its own process (`python -m
+  module --_pretrain=NAME ARGV...`); returns each recipe's Curve (read from
   root/NAME/curve.json).
+
+  side_by_side: all at the same time, none pinned to a CPU, so that
+  whatever else loads the machine falls on all of them. The scheduler
+  need not share the CPUs evenly between processes whose steps differ,
+  so the wall times of recipes with different steps are not comparable
+  this way (docs/recipes.md has a measured case). Otherwise
+  one after another in the order of `names`, each alone on the machine, as
+  a user would run it.
 
   The child process builds its recipe's config from its name and calls
   `pretrain_child`. The demo data must exist before (prepare_data).
   """
   procs = {}
-  for name in names:
+
+  def start(name):
     os.makedirs(os.path.join(root, name), exist_ok=True)
     log = open(os.path.join(root, name, "pretrain.log"), "w", encoding="utf-8")  # pylint: disable=consider-using-with
     command = [sys.executable, "-m", module, f"--_pretrain={name}"] + argv
     procs[name] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), log)  # pylint: disable=consider-using-with
+
   failed = []
-  for name, (proc, log) in procs.items():
+
+  def wait(name):
+    proc, log = procs[name]
     if proc.wait() != 0:
       failed.append(f"{name} (exit {proc.returncode}; see {log.name})")
     log.close()
+
+  if side_by_side:
+    for name in names:
+      start(name)
+    for name in names:
+      wait(name)
+  else:
+    for name in names:
+      start(name)
+      wait(name)
+      if failed:
+        break
   if failed:
     raise SystemExit("pretraining failed: " + ", ".join(failed))
   curves = {}
@@ -148,7 +169,7 @@ def pretrain_side_by_side(module: str, names: list[str], root: str, argv: list[s
 
 
 def pretrain_child(name: str, label: str, config, root: str, *, checkpoints: int) -> None:
-  """The child side of pretrain_side_by_side: runs one recipe, writes its curve."""
+  """The child side of pretrain_in_processes: runs one recipe, writes its curve."""
   curve = pretrain(label, config, os.path.join(root, name), checkpoints=checkpoints)
   write_json(os.path.join(root, name, "curve.json"), curve)
 

@@ -8,6 +8,7 @@ int32, masks it afresh when asked (dynamic_masking) and prefetches. Batch
 record that fails to parse is found and named.
 """
 
+import atexit
 import collections
 import concurrent.futures
 import threading
@@ -278,6 +279,8 @@ class HostBatches:
     failure = []
     stopping = threading.Event()
     it = self._dataset(start_step, stop_step, stopping, failure).as_numpy_iterator()
+    token = object()
+    _OPEN[token] = (it, stopping)
     step = start_step
     try:
       while stop_step is None or step < stop_step:
@@ -304,7 +307,22 @@ class HostBatches:
         yield batch
         step += 1
     finally:
+      _OPEN.pop(token, None)
       _drain(it, stopping)
+
+
+# The tf.data iterators of HostBatches.iterate generators not yet finished.
+# A generator still open when the interpreter exits is not closed before its
+# tf.data iterator is destroyed, which would then wait forever (see _drain).
+_OPEN: dict[object, tuple] = {}
+
+
+@atexit.register
+def _drain_open_iterators() -> None:
+  """Runs the still-open iterators dry at exit, before the interpreter tears
+  them down, so that a process that leaves one open still exits."""
+  while _OPEN:
+    _drain(*_OPEN.popitem()[1])
 
 
 def _drain(it, stopping: threading.Event) -> None:
