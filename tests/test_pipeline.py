@@ -378,7 +378,6 @@ def test_process_that_leaves_an_iterator_open_still_exits(dataset):
   # while its generator thread waits for the GIL, and the process never ends.
   directory, _ = dataset
   script = (
-      "import sys\n"
       "from bertjax.input import pipeline\n"
       f"src = pipeline.TrainSource({pattern(directory)!r}, 8, max_seq_length={L}, "
       f"max_predictions_per_seq={P}, seed=0, process_index=0, process_count=1)\n"

@@ -52,9 +52,15 @@ def test_time_to_quality_modern_lr_scale_sets_the_modern_rate_only():
 _FAKE_RECIPE = '''
 import json, os, sys, time
 name = sys.argv[1].split("=", 1)[1]
-root = sys.argv[2]
+root, wait_for = sys.argv[2], [n for n in sys.argv[3].split(",") if n]
 start = time.time()
-time.sleep(0.5)
+open(os.path.join(root, name + ".started"), "w").close()
+deadline = time.time() + 60  # Wait (up to 60 s) until these recipes have started too.
+while not all(os.path.exists(os.path.join(root, n + ".started")) for n in wait_for):
+  if time.time() > deadline:
+    sys.exit(4)
+  time.sleep(0.01)
+time.sleep(0.3)  # Long enough for a recipe started at once to start meanwhile.
 if name == "bad":
   sys.exit(3)
 with open(os.path.join(root, name, "curve.json"), "w") as f:
@@ -67,8 +73,11 @@ def test_pretrain_in_processes_runs_one_after_another_or_at_once(tmp_path, monke
                                                                   side_by_side):
   (tmp_path / "fake_recipe.py").write_text(_FAKE_RECIPE)
   monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+  # Side by side each fake recipe waits for both to have started (exit 4
+  # after 60 s without it); one after another, none waits.
+  wait_for = "a,b" if side_by_side else ""
   curves = recipes.pretrain_in_processes("fake_recipe", ["a", "b"], str(tmp_path),
-                                         [str(tmp_path)], side_by_side=side_by_side)
+                                         [str(tmp_path), wait_for], side_by_side=side_by_side)
   (a_start, a_end), (b_start, b_end) = curves["a"].seconds, curves["b"].seconds
   if side_by_side:
     assert b_start < a_end and a_start < b_end  # The runs overlap.
@@ -82,5 +91,5 @@ def test_pretrain_in_processes_names_the_failed_recipe_and_stops(tmp_path, monke
   monkeypatch.setenv("PYTHONPATH", str(tmp_path))
   with pytest.raises(SystemExit, match=r"bad \(exit 3; see .*bad/pretrain.log\)"):
     recipes.pretrain_in_processes("fake_recipe", ["bad", "b"], str(tmp_path),
-                                  [str(tmp_path)], side_by_side=False)
+                                  [str(tmp_path), ""], side_by_side=False)
   assert not (tmp_path / "b").exists()  # One after another: b never started.

@@ -132,35 +132,21 @@ def pretrain_in_processes(module: str, names: list[str], root: str, argv: list[s
   The child process builds its recipe's config from its name and calls
   `pretrain_child`. The demo data must exist before (prepare_data).
   """
-  procs = {}
-
   def start(name):
     os.makedirs(os.path.join(root, name), exist_ok=True)
     log = open(os.path.join(root, name, "pretrain.log"), "w", encoding="utf-8")  # pylint: disable=consider-using-with
     command = [sys.executable, "-m", module, f"--_pretrain={name}"] + argv
-    procs[name] = (subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), log)  # pylint: disable=consider-using-with
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), log  # pylint: disable=consider-using-with
 
-  failed = []
-
-  def wait(name):
-    proc, log = procs[name]
-    if proc.wait() != 0:
-      failed.append(f"{name} (exit {proc.returncode}; see {log.name})")
-    log.close()
-
-  if side_by_side:
-    for name in names:
-      start(name)
-    for name in names:
-      wait(name)
-  else:
-    for name in names:
-      start(name)
-      wait(name)
-      if failed:
-        break
-  if failed:
-    raise SystemExit("pretraining failed: " + ", ".join(failed))
+  for group in [names] if side_by_side else [[name] for name in names]:
+    procs = {name: start(name) for name in group}
+    failed = []
+    for name, (proc, log) in procs.items():
+      if proc.wait() != 0:
+        failed.append(f"{name} (exit {proc.returncode}; see {log.name})")
+      log.close()
+    if failed:
+      raise SystemExit("pretraining failed: " + ", ".join(failed))
   curves = {}
   for name in names:
     with open(os.path.join(root, name, "curve.json"), encoding="utf-8") as f:

@@ -142,9 +142,10 @@ def main():
   lines += ["", "Modern recipe reaches the paper recipe's final held-out MLM accuracy at "
             + (f"{reach:.0f} s ({reach / budget:.0%} of the budget)." if reach is not None
                else "no checkpoint within the run.")]
+  per_step = {name: _per_step(c) for name, c in zip(RECIPES, curves)}
   lines += ["", "Wall seconds per step between checkpoints, median (range): " + "; ".join(
-      f"{c.name.split(' ')[0]} {recipes.median(p):.3f} ({min(p):.3f}-{max(p):.3f})"
-      for c, p in ((c, _per_step(c)) for c in curves))]
+      f"{name} {recipes.median(p):.3f} ({min(p):.3f}-{max(p):.3f})"
+      for name, p in per_step.items())]
   table = "\n".join(lines)
   print(table)
   with open(os.path.join(root, "time_to_quality.md"), "w", encoding="utf-8") as f:
