@@ -27,11 +27,11 @@ The compile is bertjax/benchmarks/aot.py's, the search
 bertjax/benchmarks/max_batch.py's; bertjax/benchmarks/tpu_fit_table.py runs
 them over configs and slices."""
 
-# glibc reads its malloc tunables at start-up: on the CPU, `python -m` re-executes
-# with them before the imports below (bertjax/hostmem.py).
-if __name__ == "__main__":
-  from bertjax import hostmem  # pylint: disable=g-import-not-at-top
-  hostmem.reexec_for_cpu()
+# glibc reads its malloc tunables at start-up: on the CPU this program's own
+# command line re-executes itself once with them, before the imports below
+# (bertjax/records/hostmem.py); imported from Python it does not.
+from bertjax.records import hostmem  # pylint: disable=g-bad-import-order
+hostmem.reexec_for_cpu("bertjax.benchmark")
 
 import math
 import time
@@ -115,7 +115,8 @@ def run_benchmark(config):
   with sharding_lib.mesh_context(mesh, rules):
     t0 = time.perf_counter()
     step_fn = step_lib.jit_train_step(
-        shardings, mesh, grad_accum_steps=config.optimizer.grad_accum_steps)
+        shardings, mesh, objective=config.objective,
+        grad_accum_steps=config.optimizer.grad_accum_steps)
     step_fn = step_fn.lower(state, batch, rng).compile()
     compile_s = time.perf_counter() - t0
     problem = aot.device_memory_problem(

@@ -1,5 +1,6 @@
 """Fine-tuning runs for the command line and the demo: the run a config asks for,
-with bertjax.convert.weights.load_weights for init_from, and the demo's downstream step.
+with bertjax.convert.weights.finetuning_loader's weights for init_from, and the demo's
+downstream step.
 
 Kept apart from bertjax/finetune.py's flags so that other entry points (the
 demo after pretraining) call it too.
@@ -14,7 +15,6 @@ import jax
 import ml_collections
 
 from bertjax.convert import weights
-from bertjax.convert.weights import load_weights
 from bertjax.records import fileio
 from bertjax.tasks import loop
 from bertjax.tasks import predictions
@@ -81,22 +81,28 @@ def finetune(config, workdir: str, explicit=frozenset()) -> dict:
 def _run(config, workdir: str) -> dict:
   """config.mode: train (fine-tune and score dev), predict (test-set files from the
   checkpoint in predict_from or WORKDIR/checkpoints) or train_and_predict (the
-  test-set files from the run's final checkpoint; a sweep's best run's)."""
+  test-set files from the checkpoint that earned the run's best dev score,
+  loop.prediction_checkpoint; a sweep's best run's, a random_init_baseline's
+  pretrained run's)."""
   predictions.check_mode(config)
   if config.mode == "predict":
     return predictions.predict_test(config, workdir)
+  loader = weights.finetuning_loader(config.segment_b_init)
+  # The run to predict with: its best evaluation and its workdir.
   if config.sweep.enabled:
-    result = loop.sweep(config, workdir, weights_loader=load_weights)
-    best_checkpoints = os.path.join(result["best"]["workdir"], "checkpoints")
+    result = loop.sweep(config, workdir, weights_loader=loader)
+    best_run = result.get("best", {})
+    best, run_dir = best_run.get("best"), best_run.get("workdir")
   elif config.random_init_baseline:
-    result = loop.compare_with_random_init(config, workdir, weights_loader=load_weights)
-    best_checkpoints = os.path.join(workdir, "pretrained", "checkpoints")
+    result = loop.compare_with_random_init(config, workdir, weights_loader=loader)
+    best, run_dir = result.get("pretrained_best"), os.path.join(workdir, "pretrained")
   else:
-    result = loop.finetune_and_evaluate(config, workdir, weights_loader=load_weights)
-    best_checkpoints = os.path.join(workdir, "checkpoints")
-  if config.mode == "train_and_predict":
+    result = loop.finetune_and_evaluate(config, workdir, weights_loader=loader)
+    best, run_dir = result.get("best"), workdir
+  if config.mode == "train_and_predict" and "preempted_at_step" not in result:
     predict_config = ml_collections.ConfigDict(config.to_dict())
-    predict_config.predict_from = config.predict_from or best_checkpoints
+    predict_config.predict_from = (config.predict_from
+                                   or loop.prediction_checkpoint(best, run_dir))
     result = dict(result, test=predictions.predict_test(predict_config, workdir))
   return result
 

@@ -13,11 +13,11 @@ fine-tuned checkpoint in DIR/checkpoints (or --config.predict_from), no
 training; --config.mode=train_and_predict does both.
 """
 
-# glibc reads its malloc tunables at start-up: on the CPU, `python -m` re-executes
-# with them before the imports below (bertjax/hostmem.py).
-if __name__ == "__main__":
-  from bertjax import hostmem  # pylint: disable=g-import-not-at-top
-  hostmem.reexec_for_cpu()
+# glibc reads its malloc tunables at start-up: on the CPU this program's own
+# command line re-executes itself once with them, before the imports below
+# (bertjax/records/hostmem.py); imported from Python it does not.
+from bertjax.records import hostmem  # pylint: disable=g-bad-import-order
+hostmem.reexec_for_cpu("bertjax.finetune")
 
 from absl import app
 from absl import flags
@@ -26,6 +26,7 @@ import jax
 from ml_collections import config_flags
 
 from bertjax import downstream
+from bertjax.train import distributed
 from bertjax.train import usage
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -33,11 +34,13 @@ _CONFIG = config_flags.DEFINE_config_file(
     lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Checkpoints, TensorBoard events and "
                                "results.json go here (local path or gs://).", required=True)
+_DISTRIBUTED = flags.DEFINE_enum("distributed", "auto", distributed.MODES, distributed.HELP)
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  distributed.initialize(_DISTRIBUTED.value)
   logging.info("JAX process %d of %d, %d devices (%s).", jax.process_index(),
                jax.process_count(), jax.device_count(), jax.devices()[0].device_kind)
   # The --config.* fields given on the command line keep their values; the

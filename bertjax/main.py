@@ -7,11 +7,11 @@ Any config field can be overridden, e.g. --config.total_steps=1000 or
 --config.phases.seq128.global_batch_size=512.
 """
 
-# glibc reads its malloc tunables at start-up: on the CPU, `python -m` re-executes
-# with them before the imports below (bertjax/hostmem.py).
-if __name__ == "__main__":
-  from bertjax import hostmem  # pylint: disable=g-import-not-at-top
-  hostmem.reexec_for_cpu()
+# glibc reads its malloc tunables at start-up: on the CPU this program's own
+# command line re-executes itself once with them, before the imports below
+# (bertjax/records/hostmem.py); imported from Python it does not.
+from bertjax.records import hostmem  # pylint: disable=g-bad-import-order
+hostmem.reexec_for_cpu("bertjax.main")
 
 import os
 
@@ -22,9 +22,9 @@ import jax
 from ml_collections import config_flags
 
 from bertjax import downstream
-from bertjax import hostmem
 from bertjax.convert.weights import load_weights
 from bertjax.create import demo
+from bertjax.train import distributed
 from bertjax.train import loop
 from bertjax.train import profiling
 from bertjax.train import usage
@@ -34,26 +34,16 @@ _DEMO_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 _CONFIG = config_flags.DEFINE_config_file(
     "config", _DEMO_CONFIG, "Run config file (configs/base.py, configs/large.py, ...).",
     lock_config=True)
-_DISTRIBUTED = flags.DEFINE_enum(
-    "distributed", "auto", ["auto", "on", "off"],
-    "Call jax.distributed.initialize(): auto does so when a multi-host environment "
-    "(TPU pod slice, JAX_COORDINATOR_ADDRESS, SLURM) is detected.")
+_DISTRIBUTED = flags.DEFINE_enum("distributed", "auto", distributed.MODES, distributed.HELP)
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/bertjax_demo",
                                "Checkpoints, TensorBoard events and the summary go here "
                                "(local path or gs://).")
 
 
-def _multihost_env() -> bool:
-  hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
-  return ("," in hosts or bool(os.environ.get("JAX_COORDINATOR_ADDRESS"))
-          or int(os.environ.get("SLURM_NTASKS", "1")) > 1)
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  if _DISTRIBUTED.value == "on" or (_DISTRIBUTED.value == "auto" and _multihost_env()):
-    jax.distributed.initialize()
+  distributed.initialize(_DISTRIBUTED.value)
   logging.info("JAX process %d of %d, %d devices (%s).", jax.process_index(),
                jax.process_count(), jax.device_count(), jax.devices()[0].device_kind)
   config = _CONFIG.value
@@ -69,7 +59,6 @@ def main(argv):
 
 
 def run():
-  hostmem.reexec_for_cpu()  # The `bertjax-train` entry point comes in here.
   usage.run(main)
 
 

@@ -31,7 +31,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.num_heads = 12  # A; hidden_size must be divisible by it.
   config.model.intermediate_size = 3072  # Feed-forward width, 4H.
   config.model.hidden_dropout_rate = 0.1  # Dropout on embeddings and sublayer outputs.
-  config.model.attention_dropout_rate = 0.1  # Dropout on attention probabilities, as in the paper; 0 lets auto pick the fused kernel (splash on TPU, cuDNN on GPU) in training too.
+  config.model.attention_dropout_rate = 0.1  # Dropout on attention probabilities, as in the paper: auto trains with the flash kernel, which drops them inside (TPU and GPU); 0 lets it pick splash (TPU) or cuDNN (GPU) in training too.
   config.model.max_position_embeddings = 512  # Learned positions, sized for the last phase from the start.
   config.model.type_vocab_size = 2  # Segments A and B.
   config.model.initializer_range = 0.02  # Stddev of the truncated-normal init.
@@ -40,7 +40,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.param_dtype = "float32"  # Parameters and optimizer state.
   config.model.scan_layers = True  # Stack layers with nn.scan: one compiled layer.
   config.model.remat_policy = "none"  # none | full | dots | dots_no_batch: activation recomputation.
-  config.model.attention_impl = "auto"  # auto | xla | splash (TPU) | cudnn (GPU); fused kernels need attention_dropout_rate 0.
+  config.model.attention_impl = "auto"  # auto | xla | splash (TPU) | cudnn (GPU) | flash (TPU, GPU); splash and cudnn need attention_dropout_rate 0.
   config.model.causal = False  # Causal attention: pretraining sets it from objective (ltr); fine-tuning takes it from init_from's checkpoint.
 
   # Where batches come from.
@@ -55,7 +55,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.masked_lm_prob = 0.15  # Masking rate used by dynamic masking.
   config.data.prefetch = 2  # Batches kept in flight on the devices.
   # Sequence packing (docs/packing.md): off keeps the paper's one example per row.
-  config.data.packing = False  # Pack several examples into each row as batches are read; every loss and metric stays that of the same examples unpacked.
+  config.data.packing = False  # Pack several examples into each row as batches are read. Evaluation scores the same examples with the same sums (to float rounding) as unpacked; a training step gets examples of its chunk of packing_chunk_steps steps, reordered, less any packing_overflow.
   config.data.packing_factor = 1.25  # Examples per packed row the batch is sized for: packing_chunk_steps steps' global_batch_size examples each go into global_batch_size / packing_factor rows per step (a whole number, divisible by the hosts and data-parallel devices); an example that fits in no row is left out, counted as packing_overflow. packing_bench measures it for your data.
   config.data.packing_chunk_steps = 16  # Steps whose examples are packed together (one resume reads one chunk); larger chunks average the lengths out and leave fewer rows part-empty.
   config.data.packing_max_examples_per_row = 3  # At most this many examples (and next-sentence pairs) in a row; at least packing_factor.
@@ -127,7 +127,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.logging = ml_collections.ConfigDict()
   config.logging.every_steps = 100  # Console line and TensorBoard scalars every this many steps.
   config.logging.eval_every_steps = 50_000  # Held-out evaluation; 0 evaluates only at phase ends.
-  config.logging.eval_batches = 100  # At most this many eval batches; 0 reads the whole eval set.
+  config.logging.eval_batches = 100  # Held-out records scored: the first eval_batches x the phase's global_batch_size, the same records packed or not (so eval figures compare); 0 reads the whole eval set.
   config.logging.profile_steps = (0, 0)  # (first step, number of steps) traced with jax.profiler into workdir/tensorboard (TensorBoard's profile plugin); 0 steps traces nothing.
   config.logging.peak_tflops = 0.0  # Peak bf16 TFLOP/s per chip for MFU; 0 looks it up by device kind.
   return config

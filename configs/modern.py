@@ -24,7 +24,7 @@ import base  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 def get_config():
   config = base.get_config()
-  config.objective = "mlm"  # No NSP (the paper's Table 5 ablation; RoBERTa, MosaicBERT): masked LM on FULL-SENTENCES records (create_data --objective=mlm).
+  config.objective = "mlm"  # No NSP (the paper's Table 5 ablation; RoBERTa, MosaicBERT): masked LM on FULL-SENTENCES records (create_data --objective=mlm). Their rows are one segment, so segment B's token-type row is never trained; fine-tuning sets it (configs/finetune/glue.py's segment_b_init; docs/recipes.md).
   config.total_steps = 70_000  # MosaicBERT's max_duration, 286,720,000 samples, at batch 4096.
 
   config.model.attention_dropout_rate = 0.0  # MosaicBERT's attention_probs_dropout_prob 0 (for the fused kernel); 'auto' then takes splash (TPU) or cuDNN (GPU) in training too.

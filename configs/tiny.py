@@ -42,5 +42,5 @@ def get_config():
   config.checkpoint.every_steps = 1000  # Save every this many steps.
   config.logging.every_steps = 200  # Console line every this many steps.
   config.logging.eval_every_steps = 0  # Evaluate at the end of each phase only.
-  config.logging.eval_batches = 250  # 2,000 held-out sequences at 128 and 1,000 at 512.
+  config.logging.eval_batches = 250  # The first 250 x global_batch_size held-out records, packed or not: 2,000 at 128 and 1,000 at 512.
   return config

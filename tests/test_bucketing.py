@@ -134,8 +134,9 @@ def test_bucketed_predictions_equal_unbucketed(task, per_position):
     plain = loop.predict(p_predict, state, split, 8, sharding)
     bucketed = loop.predict(p_predict, state, split, 8, sharding, BUCKETS)
     # One call on all rows at once: what reading back batch by batch would give.
-    whole = jax.device_get(p_predict(state, jax.device_put(
-        dict(arrays, weights=np.ones(37, np.float32)), sharding)))
+    whole, _ = jax.device_get(p_predict(state, jax.device_put(
+        dict(arrays, weights=np.ones(37, np.float32), example_ids=np.arange(37, dtype=np.int32)),
+        sharding)))
   lengths = batches.example_lengths(arrays)
   for p, b, w in zip(jax.tree.leaves(plain), jax.tree.leaves(bucketed), jax.tree.leaves(whole)):
     np.testing.assert_allclose(p, w, rtol=1e-5, atol=1e-5)

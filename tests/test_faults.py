@@ -91,6 +91,21 @@ def test_nonfinite_loss_stops_naming_the_step_and_resumes_from_the_last_good_che
                       config={"optimizer.max_nonfinite_in_a_row": 1})
 
 
+def test_too_many_nonfinite_steps_stop_the_run_when_the_last_of_them_finishes(
+    tmp_path_factory):
+  # 40 steps, no log line or checkpoint before the phase ends at step 20: the
+  # run stops at step 3's NaN within the steps in flight and prefetched
+  # (StepMetrics' max_in_flight, data.prefetch), not at step 20's checkpoint.
+  workdir = str(tmp_path_factory.mktemp("stops_at_once"))
+  config = {"total_steps": 40, "logging.every_steps": 1000, "checkpoint.every_steps": 1000,
+            "optimizer.max_nonfinite_in_a_row": 1}
+  result, _ = run(tmp_path_factory, workdir, nan_at=[3], config=config)
+  assert ("NonFiniteError: non-finite loss, gradient or updated parameters at step 3 "
+          "(--config.optimizer.max_nonfinite_in_a_row=1)") in result["error"]
+  assert result["batches_read"]["seq16"] <= 3 + 2 + 4, result["batches_read"]
+  assert not result["checkpoints"]
+
+
 def test_nonfinite_steps_are_skipped_and_counted_until_too_many_in_a_row(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("skipped"))
   # NaN masked-LM weights in the batches of steps 5, 6 and 7 make their losses NaN.

@@ -37,14 +37,31 @@ def test_model_and_train_step_import_without_tensorflow():
   assert result.returncode == 0, result.stdout + result.stderr
 
 
-def _imports(path):
+def _imports(path, package):
+  """Every module `path` (a file of `package`) imports, as a dotted name:
+  `from bertjax import hostmem` and `from . import x` name the module they
+  bring in, not only the package it is taken from."""
   with open(path, encoding="utf-8") as f:
     tree = ast.parse(f.read(), path)
   for node in ast.walk(tree):
-    if isinstance(node, ast.ImportFrom) and node.module:
-      yield node.module
+    if isinstance(node, ast.ImportFrom):
+      parts = package.split(".")
+      base = parts[:len(parts) - node.level + 1] if node.level else []
+      module = ".".join(base + ([node.module] if node.module else []))
+      yield module
+      yield from (f"{module}.{alias.name}" for alias in node.names)
     elif isinstance(node, ast.Import):
       yield from (alias.name for alias in node.names)
+
+
+def test_imports_names_the_modules_taken_from_a_package(tmp_path):
+  path = tmp_path / "m.py"
+  path.write_text("from bertjax import hostmem\nimport bertjax.main\n"
+                  "from .. import downstream\nfrom ..records import schema\n"
+                  "from . import pipeline\n")
+  found = set(_imports(str(path), "bertjax.input"))
+  assert {"bertjax.hostmem", "bertjax.main", "bertjax.downstream",
+          "bertjax.records.schema", "bertjax.input.pipeline"} <= found
 
 
 def test_every_package_has_a_layer():
@@ -61,7 +78,7 @@ def test_layers_import_only_downward(layer):
   for name in sorted(os.listdir(directory)):
     if not name.endswith(".py"):
       continue
-    for module in _imports(os.path.join(directory, name)):
+    for module in _imports(os.path.join(directory, name), f"bertjax.{layer}"):
       parts = module.split(".")
       if parts[0] == "bertjax" and len(parts) > 1 and parts[1] not in allowed:
         bad.append(f"bertjax/{layer}/{name} imports {module}")

@@ -4,6 +4,7 @@ is made from, the check of records against the objective, and the export of a
 left-to-right model that transformers computes the same."""
 
 import collections
+import functools
 import os
 import re
 import sys
@@ -156,7 +157,7 @@ def test_ltr_loss_is_next_token_cross_entropy_at_every_real_position():
   state = _state(config)
   assert "nsp" not in state.params
   batch = _batch()
-  sums = step_lib.eval_step(state, batch)
+  sums = step_lib.eval_step(state, batch, objective="ltr")
   logits = np.asarray(state.apply_fn({"params": state.params}, batch["input_ids"],
                                      batch["input_mask"], batch["segment_ids"],
                                      batch["masked_lm_positions"])["lm_logits"], np.float64)
@@ -172,10 +173,17 @@ def test_ltr_loss_is_next_token_cross_entropy_at_every_real_position():
   np.testing.assert_allclose(float(sums["mlm_loss"]), want, rtol=1e-5)
   assert float(sums["mlm_weight"]) == count
   assert float(sums["nsp_weight"]) == 0.0 and float(sums["nsp_loss"]) == 0.0
-  # One train step moves the parameters and its loss is the per-token mean.
-  new, metrics = jax.jit(step_lib.train_step)(state, batch, jax.random.key(1))
-  np.testing.assert_allclose(float(metrics["loss"]), want / count, rtol=1e-5)
-  assert float(metrics["nsp_loss"]) == 0.0
+  # One train step moves the parameters and its loss is the per-token mean,
+  # also with the model's apply wrapped: the objective alone decides.
+  train = jax.jit(functools.partial(step_lib.train_step, objective="ltr"))
+  wrapped = state.replace(apply_fn=lambda *a, **k: state.apply_fn(*a, **k))
+  for s in (state, wrapped):
+    _, metrics = train(s, batch, jax.random.key(1))
+    np.testing.assert_allclose(float(metrics["loss"]), want / count, rtol=1e-5)
+    assert float(metrics["nsp_loss"]) == 0.0
+  # A model without the objective's logits is a clear error, not another loss.
+  with pytest.raises(ValueError, match=r"objective='mlm\+nsp' needs the model's mlm_logits"):
+    step_lib.eval_step(state, batch)
 
 
 def test_mlm_objective_has_no_nsp_head_and_loss():
@@ -184,11 +192,22 @@ def test_mlm_objective_has_no_nsp_head_and_loss():
   state = _state(config)
   assert "nsp" not in state.params and "mlm" in state.params
   batch = _batch()
-  sums = step_lib.eval_step(state, batch)
+  sums = step_lib.eval_step(state, batch, objective="mlm")
   assert float(sums["mlm_weight"]) == 9.0 and float(sums["mlm_loss"]) > 0
   assert float(sums["nsp_weight"]) == 0.0
   paper = run_config.validate(_objective_config("mlm+nsp"), vocab_size=97)
   assert paper.next_sentence_head and not paper.causal
+  with pytest.raises(ValueError, match=r"objective='mlm\+nsp' needs the model's nsp_logits"):
+    step_lib.eval_step(state, batch)
+
+
+def test_ltr_with_dynamic_masking_is_refused_naming_both_fields():
+  # configs/modern.py turns dynamic masking on; ltr's targets are the records' tokens.
+  config = _objective_config("ltr")
+  config.data.dynamic_masking = True
+  with pytest.raises(run_config.ConfigError,
+                     match=r"--config\.data\.dynamic_masking: objective='ltr'"):
+    run_config.validate(config, vocab_size=97)
 
 
 def _objective_config(objective, **changes):
@@ -299,6 +318,30 @@ def test_records_of_another_objective_are_refused_before_compiling(corpus, tmp_p
   config.model.vocab_size = 97
   with pytest.raises(run_config.ConfigError, match="no metadata.json.*'mlm\\+nsp'"):
     loop.train_and_evaluate(config, str(tmp_path / "bare_run"))
+
+
+def test_held_out_records_are_checked_against_the_objective_before_compiling(
+    corpus, tmp_path, monkeypatch):
+  monkeypatch.setattr(jax, "jit", lambda *a, **k: pytest.fail("compiled"))
+  # An ltr model scored on masked records would predict [MASK]; an mlm+nsp
+  # model on mlm rows would score NSP labels that are all 0.
+  for objective, data, accepted in (("ltr", "mlm", "'ltr'"), ("ltr", "mlm+nsp", "'ltr'"),
+                                    ("mlm+nsp", "mlm", "'mlm\\+nsp'"),
+                                    ("mlm", "ltr", "'mlm' or 'mlm\\+nsp'")):
+    config = _pretrain_config(objective, corpus["out"][objective])
+    config.phases.seq128.eval_files = os.path.join(corpus["out"][data], "part-*.tfrecord")
+    with pytest.raises(run_config.ConfigError,
+                       match=(r"--config\.phases\.seq128\.eval_files: .*objective is "
+                              f"'{re.escape(data)}' but evaluation of an objective="
+                              f"'{re.escape(objective)}' model takes records made for "
+                              f"{accepted}")):
+      loop.train_and_evaluate(config, str(tmp_path / f"{objective}_{data}"))
+  # An mlm model is scored on the paper's held-out pairs too (masked LM only).
+  from bertjax.input import pipeline  # pylint: disable=g-import-not-at-top
+  md = pipeline.check_metadata(os.path.join(corpus["out"]["mlm+nsp"], "part-*.tfrecord"),
+                               max_seq_length=32, max_predictions_per_seq=None,
+                               objective="mlm", evaluation=True)
+  assert md.objective == "mlm+nsp"
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ import sys
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
@@ -431,3 +432,40 @@ def test_accumulation_equals_the_whole_batch_and_lamb_trains(tmp_path_factory):
 
 if __name__ == "__main__":
   print(json.dumps(_child(json.loads(sys.argv[1]))))
+
+
+@pytest.mark.parametrize("runtime_peak", [False, True])
+def test_skipped_steps_move_the_learning_rate_on_with_the_step(runtime_peak):
+  # Two phases of 4 steps with a warmup of 2 each: steps 0-2 are skipped
+  # (NaN gradients), so step 3 is the first applied update and step 4 the
+  # second phase's first step. The rate each applied update uses is the
+  # schedule's at its step, so phase two's warmup starts where its data
+  # does and the run ends at the end value.
+  from bertjax.train import step as step_lib  # pylint: disable=g-import-not-at-top
+  config = optimizer_config(weight_decay=0.0, clip_norm=0.0, per_phase_warmup=True)
+  schedule = opt_lib.learning_rate_schedule(config, 8, [0, 4, 8], [2, 2])
+  if runtime_peak:  # Fine-tuning's optimizer: the peak as data.
+    peak = config.learning_rate
+    tx = opt_lib.make_optimizer_with_runtime_peak(config, lambda t: schedule(t) / peak)
+  else:
+    tx = opt_lib.make_optimizer(config, schedule)
+  params = {"w": jnp.zeros(3, jnp.float32)}  # At 0, the updates are exact in float32.
+  state = state_lib.TrainState(step=jnp.zeros([], jnp.int32), params=params,
+                               opt_state=tx.init(params), apply_fn=None, tx=tx)
+  if runtime_peak:
+    state = state.replace(opt_state=opt_lib.set_peak_learning_rate(state.opt_state, peak))
+  applied = {}
+  for step in range(8):
+    g = np.nan if step < 3 else 1.0
+    before = np.asarray(state.params["w"])
+    state, metrics = step_lib.apply_gradients(
+        state, {"w": jnp.full(3, g, jnp.float32)}, {"loss": jnp.float32(g)})
+    assert bool(metrics["finite"]) == (step >= 3), step
+    # Adam's first update is g / |g| = 1 per element (bias-corrected).
+    applied[step] = float(before[0] - np.asarray(state.params["w"])[0])
+  assert applied[0] == applied[1] == applied[2] == 0.0
+  for step in range(3, 8):
+    np.testing.assert_allclose(applied[step], float(schedule(step)), rtol=1e-4,
+                               err_msg=f"step {step}")
+  assert applied[4] == 0.0  # Phase two's warmup starts at its first step.
+  np.testing.assert_allclose(applied[3], config.learning_rate / 2, rtol=1e-4)

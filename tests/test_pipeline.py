@@ -293,7 +293,7 @@ def test_reads_shards_written_by_records(tmp_path):
 def test_malloc_thresholds_restored_after_the_generator_dataset_starts(dataset):
   # tf.data's generator dataset fixes glibc's mmap threshold at 128 KiB; the
   # reader sets the adaptive ceilings back once its first batch is out.
-  from bertjax import hostmem  # pylint: disable=g-import-not-at-top
+  from bertjax.records import hostmem  # pylint: disable=g-import-not-at-top
   directory, _ = dataset
   calls = []
   real = hostmem.restore_malloc_thresholds

@@ -78,10 +78,11 @@ def _child(payload: dict) -> dict:
     model_config = BertConfig.from_mapping(tiny_config().model)
     hf_files.save_hf_checkpoint(jax.device_get(params), model_config, out)
 
-  # Which phase read from which data step, at which length; optional NaNs
+  # Which phase read from which data step, at which length, and how many
+  # batches (prefetched ones too) each phase's source gave; optional NaNs
   # in the batches of the steps listed in nan_at; optional counters of the
   # batches read.
-  sources = []
+  sources, batches_read = [], {}
   make_source = loop._train_source  # pylint: disable=protected-access
 
   def recording_source(config, phase, model_config):
@@ -95,6 +96,7 @@ def _child(payload: dict) -> dict:
       sources.append(dict(phase=phase.name, start=start))
       for i, batch in enumerate(iterate(start)):
         read[0] += 1
+        batches_read[phase.name] = i + 1
         sources[-1].setdefault("length", int(batch["input_ids"].shape[1]))
         if phase.start + start + i + 1 in payload.get("nan_at", []):
           batch = dict(batch, masked_lm_weights=np.full_like(batch["masked_lm_weights"],
@@ -124,7 +126,7 @@ def _child(payload: dict) -> dict:
                                                 weights_loader=load_weights)
   except (NonFiniteError, ckpt_lib.CheckpointSaveError, run_config.ConfigError) as e:
     result["error"] = f"{type(e).__name__}: {e}"
-  result["sources"] = sources
+  result["sources"], result["batches_read"] = sources, batches_read
 
   # Every checkpoint left in the workdir: its meta, and its parameters'
   # digest (equal digests: bitwise equal parameters) and finiteness.
@@ -302,6 +304,27 @@ def test_step_metrics_are_read_back_together_and_count_nonfinite_steps_up_to_the
   with pytest.raises(NonFiniteError, match=r"parameters at step 1 are not finite \(param_norm "
                                            r"inf\): not checkpointing them"):
     buffer.drain_for_save(1)
+
+
+def test_the_step_that_makes_too_many_nonfinite_in_a_row_stops_when_it_finishes():
+  # Not at the next drain (log line or checkpoint): `add` reads the finite
+  # flag of each step it waits for, max_in_flight steps behind.
+  buffer = StepMetrics(max_in_flight=1, max_nonfinite_in_a_row=2)
+  ok = {"loss": jax.numpy.float32(1.0), "finite": jax.numpy.bool_(True)}
+  bad = {"loss": jax.numpy.float32(np.nan), "finite": jax.numpy.bool_(False)}
+  buffer.add(1, ok)
+  buffer.add(2, bad)
+  buffer.add(3, bad)  # Step 2 counted: 1 in a row.
+  assert buffer.counts() == {"skipped_steps": 1, "nonfinite_in_a_row": 1}
+  with pytest.raises(NonFiniteError, match=r"in 2 steps in a row, 2-3 "):
+    buffer.add(4, ok)  # Step 3 finishes: 2 in a row.
+  # Steps counted in `add` are not counted again when drained.
+  buffer = StepMetrics(max_in_flight=1, max_nonfinite_in_a_row=5)
+  for step, m in [(1, bad), (2, bad), (3, ok)]:
+    buffer.add(step, m)
+  assert buffer.counts() == {"skipped_steps": 2, "nonfinite_in_a_row": 2}
+  assert len(buffer.take_window()) == 3
+  assert buffer.counts() == {"skipped_steps": 2, "nonfinite_in_a_row": 0}
 
 
 def test_a_nonfinite_step_keeps_the_parameters_and_optimizer_state():

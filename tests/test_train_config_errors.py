@@ -78,9 +78,9 @@ def test_splash_attention_is_refused_where_the_tensor_axis_does_not_divide_the_h
     run_config.validate(tiny_config(dict(splash, **{"mesh.tensor": 3})))
   run_config.validate(tiny_config(dict(splash, **{"mesh.data": 4, "mesh.tensor": 2})),
                       num_devices=8)
-  # auto: refused only where it picks splash, i.e. on TPU (None checks as for TPU) at a
-  # length that is a multiple of 128, in training without attention dropout or in
-  # evaluation.
+  # auto: refused only where it picks splash or flash, i.e. on TPU (None checks as for
+  # TPU) at a length that is a multiple of 128: flash in training with attention
+  # dropout, splash in training without it or in evaluation.
   at_128 = {"model.max_position_embeddings": 128, "phases.seq32.max_seq_length": 128,
             "mesh.data": 1, "mesh.tensor": 8}
   for overrides in (no_dropout, {"phases.seq32.eval_files": "/data/eval/*"}):
@@ -88,12 +88,18 @@ def test_splash_attention_is_refused_where_the_tensor_axis_does_not_divide_the_h
     for platform in ("tpu", None):
       with pytest.raises(run_config.ConfigError, match=(
           r"--config\.model\.num_heads: 4 heads do not split over the mesh\.tensor=8 .*"
-          r"model\.attention_impl='auto' picks splash on tpu for (training|evaluation) at "
+          r"model\.attention_impl='auto' picks (splash|flash) on tpu for (training|evaluation) at "
           rf"phase seq32's length 128\): {fix}")):
         run_config.validate(config, num_devices=8, platform=platform)
     run_config.validate(config, num_devices=8, platform="cpu")
-  # With attention dropout and no eval files, auto never picks splash.
-  run_config.validate(tiny_config(at_128), num_devices=8, platform="tpu")
+  # With attention dropout auto trains with flash, which runs per shard too.
+  with pytest.raises(run_config.ConfigError, match=(
+      r"so flash attention would compute every head on every tensor shard "
+      r"\(model\.attention_impl='auto' picks flash on tpu for training")):
+    run_config.validate(tiny_config(at_128), num_devices=8, platform="tpu")
+  with pytest.raises(run_config.ConfigError, match=r"\(model\.attention_impl='flash'\)"):
+    run_config.validate(tiny_config(dict(at_128, **{"model.attention_impl": "flash"})),
+                        num_devices=8, platform="cpu")
   run_config.validate(tiny_config(dict(no_dropout, **{"mesh.data": 1, "mesh.tensor": 8})),
                       num_devices=8, platform="tpu")  # Lengths 16 and 32: XLA.
 

@@ -17,8 +17,10 @@ workdir/ablation.md and workdir/ablation.json.
 """
 
 import argparse
+import math
 import os
 
+from bertjax import downstream
 from bertjax.benchmarks import recipes
 from bertjax.train import usage
 
@@ -30,6 +32,24 @@ PAPER = {
 }
 NAMES = {"mlm+nsp": "BERT-BASE (mlm+nsp)", "mlm": "No NSP (mlm)",
          "ltr": "LTR & No NSP (ltr)"}
+
+
+def noise_margin(dev_examples: int) -> float:
+  """Two binomial standard errors of an accuracy near 0.5 on `dev_examples`:
+  closer scores than this are not told apart (the demo's 1,000 dev pairs: 0.032)."""
+  return 2 * math.sqrt(0.25 / dev_examples)
+
+
+def order_line(scores: dict[str, float], margin: float) -> str:
+  """The objectives by downstream score, '>' where the gap exceeds `margin`
+  and '~' where it does not."""
+  order = sorted(scores, key=lambda o: -scores[o])
+  line = NAMES[order[0]]
+  for above, o in zip(order, order[1:]):
+    line += (" > " if scores[above] - scores[o] > margin else " ~ ") + NAMES[o]
+  return (f"Demo downstream order: {line} ('~': within {margin:.3f}, two standard errors of "
+          "an accuracy on the dev set, so not told apart); the paper's: BERT-BASE > No NSP > "
+          "LTR & No NSP on every task.")
 
 
 def _dirname(objective: str) -> str:
@@ -87,9 +107,8 @@ def main():
     lines.append(f"| {NAMES[objective]} | {r['downstream']:.4f} | {mlm} | "
                  f"{r['wall_seconds']:.0f} | "
                  + " | ".join(f"{PAPER[objective][c]}" for c in cols) + " |")
-  order = sorted(results, key=lambda o: -results[o]["downstream"])
-  lines += ["", "Demo downstream order: " + " > ".join(NAMES[o] for o in order)
-            + "; the paper's: BERT-BASE > No NSP > LTR & No NSP on every task."]
+  margin = noise_margin(downstream.demo_config().num_dev_pairs)
+  lines += ["", order_line({o: r["downstream"] for o, r in results.items()}, margin)]
   table = "\n".join(lines)
   print(table)
   with open(os.path.join(root, "ablation.md"), "w", encoding="utf-8") as f:

@@ -1,7 +1,9 @@
 """Sequence packing: real-token share and train-step throughput, packed against unpacked.
 
   python -m bertjax.benchmarks.packing_bench [--mb 2] [--dupe_factor 2] [--batch 32]
-      [--rounds 5] [--steps 3] [--skip_reference]
+      [--rounds 5] [--steps 3] [--skip_reference] [--skip_timing]
+  python -m bertjax.benchmarks.packing_bench --eval_plan [--plan_records 100000,1000000]
+      [--plan_pods 64x256,64x4096,256x4096]
 
 Data, made afresh in a temporary directory:
 * demo: bertjax's demo corpus (bertjax/create/demo.py) through bertjax's
@@ -12,33 +14,53 @@ Data, made afresh in a temporary directory:
   its records carry no metadata.json, as the release writes them.
 
 For each: the share of real (non-padding) tokens of all token slots,
-unpacked; packed for evaluation (every record once, first-fit in file order
-into batches of --batch / 2 rows, up to 4 examples a row); and packed in
+unpacked; packed for evaluation (every record once, first-fit decreasing
+over all of them, in batches of --batch / 2 rows, up to 4 examples a row; the
+empty rows of the last batch count as padding); and packed in
 training (TrainSource: the --batch examples of each of --chunk_steps steps
 into --batch / factor rows per step, first-fit decreasing) for several
 packing factors, with the share of examples that fit in no row
 (packing_overflow) over --train_steps steps.
 
-Then the train step of a small model (L=2, H=128, A=2, F=512, fp32, no
-dropout) on the original release's records at 128 and 512: the first
+Then, unless --skip_timing, the train step of a small model (L=2, H=128,
+A=2, F=512, fp32, no dropout) on the original release's records at 128 and
+512: the first
 training batch unpacked ([batch, L]) and packed (the largest factor above
 without overflow), each compiled, then alternating in --rounds rounds (order
 reversed each round) of --steps steps; printed: real tokens per second
 (each batch's own real tokens), median and range, and the per-round ratio
 packed / unpacked.
+
+With --eval_plan, instead: one host's cost of planning the packed evaluation
+for held-out sets of --plan_records records and pods of HOSTSxGLOBAL_BATCH
+(--plan_pods), packing factor 1.25 (rows rounded down to a multiple of the
+hosts), 3 examples a row, length 128 and 20 predictions. Half the records are
+full length and the others uniform in [8, 128] tokens (75% real tokens, as
+docs/packing.md measures on the original release's records at 128), with
+min(20, max(1, round(0.15 x tokens))) predictions, as the release masks.
+Every host's plan is made as evaluation makes it: packing.EvalPacker over
+the sizes of its contiguous share of the records, given those sizes, so the
+size pass itself (reading and parsing the share's records) is not timed:
+printed instead is the number of records it reads on a host, which its cost
+is proportional to. Printed: the records read per host, the fewest and most
+seconds any host spends planning, and the packed batches every host runs
+(the most any host needs) against the unpacked count.
 """
 
 import argparse
 import os
 import statistics
 import tempfile
+import time
 
 import jax
+import numpy as np
 
 from bertjax.benchmarks import create_data_bench
 from bertjax.benchmarks import step_vs_hf
 from bertjax.create import demo
 from bertjax.input import evaluation
+from bertjax.input import packing as packing_lib
 from bertjax.input import pipeline
 
 LENGTHS = {128: 20, 512: 80}
@@ -127,6 +149,46 @@ def throughput(pattern: str, length: int, batch: int, factor: float, chunk_steps
           "real": real, "rates": rates, "ratios": ratios}
 
 
+def release_like_sizes(n: int, length: int, max_predictions: int, seed: int = 0):
+  """(tokens [n], predictions [n]) drawn as the --eval_plan docstring says."""
+  rng = np.random.default_rng(seed)
+  tokens = np.where(rng.random(n) < 0.5, length, rng.integers(8, length + 1, n))
+  predictions = np.clip(np.round(0.15 * tokens), 1, max_predictions).astype(np.int64)
+  return tokens.astype(np.int64), predictions
+
+
+def eval_plan_cost(records: int, hosts: int, global_batch: int, length: int = 128,
+                   max_predictions: int = 20, factor: float = 1.25) -> dict:
+  """Records read and seconds spent planning by each host, each over its share."""
+  tokens, predictions = release_like_sizes(records, length, max_predictions)
+  real = np.ones(records, bool)
+  rows = max(1, int(global_batch / factor / hosts)) * hosts
+  p = packing_lib.from_options({"rows": rows}, process_count=hosts, max_seq_length=length,
+                               max_predictions_per_seq=max_predictions)
+  seconds, batches, read = [], [], []
+  for host in range(hosts):
+    lo, hi = host * records // hosts, (host + 1) * records // hosts
+    start = time.perf_counter()
+    packer = packing_lib.EvalPacker(p, tokens[lo:hi], predictions[lo:hi], real[lo:hi],
+                                    first_record=lo)
+    seconds.append(time.perf_counter() - start)
+    batches.append(packer.num_batches)
+    read.append(hi - lo)
+  return {"rows": rows, "seconds": (min(seconds), max(seconds)), "batches": max(batches),
+          "read": (min(read), max(read)), "unpacked_batches": -(-records // global_batch)}
+
+
+def print_eval_plan_costs(records_list, pods) -> None:
+  for records in records_list:
+    for hosts, global_batch in pods:
+      c = eval_plan_cost(records, hosts, global_batch)
+      print(f"{records:,} records, {hosts} hosts, global batch {global_batch} "
+            f"({c['rows']} packed rows): size pass reads {c['read'][0]:,}-{c['read'][1]:,} "
+            f"records a host; plan {c['seconds'][0]:.4f}-{c['seconds'][1]:.4f} s a host; "
+            f"{c['batches']} packed batches against {c['unpacked_batches']} unpacked",
+            flush=True)
+
+
 def _range(values, fmt="{:,.0f}"):
   return (f"median {fmt.format(statistics.median(values))} "
           f"(range {fmt.format(min(values))}-{fmt.format(max(values))})")
@@ -145,7 +207,20 @@ def main():
   parser.add_argument("--steps", type=int, default=3)
   parser.add_argument("--skip_reference", action="store_true",
                       help="Leave out the original release's records (and the timing).")
+  parser.add_argument("--skip_timing", action="store_true",
+                      help="Print the real-token shares only, without timing the train step.")
+  parser.add_argument("--eval_plan", action="store_true",
+                      help="Only the per-host cost of planning the packed evaluation on a pod.")
+  parser.add_argument("--plan_records", default="100000,1000000",
+                      help="--eval_plan: held-out record counts, comma-separated.")
+  parser.add_argument("--plan_pods", default="64x256,64x4096,256x4096",
+                      help="--eval_plan: HOSTSxGLOBAL_BATCH, comma-separated.")
   args = parser.parse_args()
+  if args.eval_plan:
+    print_eval_plan_costs([int(n) for n in args.plan_records.split(",")],
+                          [tuple(int(x) for x in pod.split("x"))
+                           for pod in args.plan_pods.split(",")])
+    return
   print(f"devices: {jax.devices()}")
   with tempfile.TemporaryDirectory() as tmp:
     paths = demo.ensure_demo_data(os.path.join(tmp, "demo"), dupe_factor=args.dupe_factor,
@@ -173,7 +248,7 @@ def main():
               f"overflow {100 * overflow:.1f}% of examples")
         if overflow == 0:
           best[name] = factor
-    for length in LENGTHS:
+    for length in () if args.skip_timing else LENGTHS:
       name = f"original {length}"
       if name not in data or name not in best:
         continue

@@ -176,7 +176,9 @@ def mlm_accuracy(checkpoint: str, pattern: str, max_batches: Optional[int] = Non
   """Held-out masked-LM accuracy of a checkpoint (any objective but ltr)."""
   params, config, _ = export.read_checkpoint(checkpoint)
   model = BertForPreTraining(config)
-  run = jax.jit(lambda p, b: step_lib.loss_sums(p, model.apply, b, None, True))
+  # Masked-LM figures only: an mlm+nsp model's NSP terms are left out.
+  run = jax.jit(lambda p, b: step_lib.loss_sums(p, model.apply, b, None, True,
+                                                objective="mlm"))
   hits = weight = 0.0
   for batch in evaluation.eval_batches(pattern, EVAL_BATCH, max_seq_length=128,
                                      max_predictions_per_seq=20, max_batches=max_batches,
@@ -194,16 +196,19 @@ def score_curve(curve: Curve, pattern: str, max_batches: Optional[int]) -> None:
 
 
 def finetune(checkpoint: str, root: str, workdir: str, *, num_epochs: Optional[float] = None,
-             seed: int = 0) -> float:
+             seed: int = 0, segment_b_init: Optional[str] = None) -> float:
   """Dev accuracy of the demo's downstream task fine-tuned from `checkpoint`
   (configs/finetune/demo.py; the same budget and seed for every checkpoint
-  unless num_epochs or seed say otherwise). An empty `checkpoint` starts
-  from random initialisation with the demo model's architecture."""
+  unless num_epochs or seed say otherwise; segment_b_init, if given, replaces
+  the config's). An empty `checkpoint` starts from random initialisation with
+  the demo model's architecture."""
   config = downstream.demo_config()
   config.within_workdir = False
   config.random_init_baseline = False
   config.init_from = checkpoint
   config.seed = seed
+  if segment_b_init is not None:
+    config.segment_b_init = segment_b_init
   if num_epochs is not None:
     config.num_epochs = num_epochs
   config.data_dir = os.path.join(root, "demo_data")

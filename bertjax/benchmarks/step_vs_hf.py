@@ -20,7 +20,8 @@ from them.
 
 Each side runs in its own process, started the way its users start it:
 bertjax with the glibc malloc settings that `python -m bertjax.main` runs
-with on the CPU (bertjax/hostmem.py), transformers with glibc's defaults.
+with on the CPU (bertjax/records/hostmem.py), transformers with glibc's
+defaults; any GLIBC_TUNABLES this command is given reaches neither.
 Two more processes swap them (bertjax with the defaults, transformers with
 bertjax's settings) so that what the settings give each side is printed
 too. After every process has compiled and warmed up, the parent has them
@@ -42,9 +43,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bertjax import hostmem
 from bertjax.benchmarks import aot
 from bertjax.input.synthetic import SyntheticSource
+from bertjax.records import hostmem
 from bertjax.records import schema
 from bertjax.train import sharding as sharding_lib
 from bertjax.train import state as state_lib
@@ -83,7 +84,8 @@ def compiled_train_step(config, batch, vocab_size: int = VOCAB):
   state, shardings = state_lib.create_train_state(model, tx, mesh, rules, jax.random.key(0))
   rng = jax.random.key(1)
   with sharding_lib.mesh_context(mesh, rules):
-    step_fn = step_lib.jit_train_step(shardings, mesh).lower(state, batch, rng).compile()
+    step_fn = step_lib.jit_train_step(shardings, mesh, objective=config.objective).lower(
+        state, batch, rng).compile()
   holder = {"state": state}
 
   def run():

@@ -7,15 +7,20 @@ Weights
 land in whatever tree the target asks for: BertForPreTraining's or
 BertModel's, scanned or unrolled layers, on one device or any mesh, with as
 many vocab rows as the target has (model.padded_vocab_size: the rows past
-the real vocab are zeros).
+the real vocab are zeros). Fine-tuning reads them through finetuning_loader,
+which also sets segment B's token-type row of a checkpoint pretrained on one
+segment (objective mlm or ltr), a row that pretraining never trained.
 """
 
 import dataclasses
+import functools
 import json
 import os
 from typing import Any, Optional
 
+from absl import logging
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
@@ -242,3 +247,87 @@ def load_weights(path: str, abstract_params, model_config: BertConfig):
                      "BERT TF1 checkpoint (bert_model.ckpt.index with bert_config.json)")
   check_architecture(source_config, model_config, path)
   return fit(params, source_config, abstract_params, model_config)
+
+
+# Objectives whose records hold one segment (FULL-SENTENCES rows, every segment id 0:
+# records/schema.py), so that pretraining trains segment A's token-type row only.
+ONE_SEGMENT_OBJECTIVES = ("mlm", "ltr")
+# What a fine-tuning run starts segment B's token-type row from when init_from was
+# pretrained on one segment (config.segment_b_init): segment A's row, zeros, or the
+# row as saved (its random initial values).
+SEGMENT_B_INITS = ("copy_a", "zeros", "keep")
+_TOKEN_TYPE_TABLE = ("embeddings", "token_type_embeddings", "embedding")
+# How many runs back a chain of init_from is followed.
+_MAX_INIT_CHAIN = 4
+
+
+def one_segment_objective(path: str, depth: int = 0) -> Optional[str]:
+  """The objective (mlm or ltr) of the pretraining run that wrote the bertjax
+  checkpoint at `path` when it trained one segment only: its run record
+  (WORKDIR/config.json beside the checkpoints) names a one-segment objective,
+  and so does every run its init_from chain started from. None for any other
+  weights (an mlm+nsp run, a fine-tuning run, a Hugging Face or TF1 directory,
+  a checkpoint without its run record)."""
+  if depth > _MAX_INIT_CHAIN or not is_bertjax_checkpoint(path):
+    return None
+  _, record = run_vocab._run_record(path)  # pylint: disable=protected-access
+  objective = record.get("objective")
+  if objective not in ONE_SEGMENT_OBJECTIVES:
+    return None
+  init_from = record.get("init_from")
+  if init_from and one_segment_objective(init_from, depth + 1) is None:
+    return None  # Started from weights whose segment rows were trained.
+  return objective
+
+
+def fill_segment_rows(params, segment_b_init: str) -> Any:
+  """`params` (an encoder's or BertForPreTraining's) with every token-type row past
+  segment A's set to segment A's row (copy_a) or to zeros (zeros), each table placed
+  as it was; keep returns them as they are."""
+  if segment_b_init == "keep":
+    return params
+  fill = jax.jit(functools.partial(_filled_table, segment_b_init=segment_b_init))
+  return jax.tree_util.tree_map_with_path(
+      lambda path, x: fill(x) if _is_token_type_table(path) else x, params)
+
+
+def _is_token_type_table(path) -> bool:
+  keys = tuple(str(getattr(k, "key", k)) for k in path)
+  return keys[-len(_TOKEN_TYPE_TABLE):] == _TOKEN_TYPE_TABLE
+
+
+def _filled_table(table_TxD, segment_b_init: str):
+  """The table with rows 1.. set to row 0 (copy_a) or to zeros (zeros)."""
+  row_D = table_TxD[0] if segment_b_init == "copy_a" else jnp.zeros_like(table_TxD[0])
+  return table_TxD.at[1:].set(row_D)
+
+
+def load_for_finetuning(path: str, abstract_params, model_config: BertConfig, *,
+                        segment_b_init: str):
+  """load_weights, then segment B's token-type row by `segment_b_init` when the
+  weights were pretrained on one segment (one_segment_objective); other weights are
+  left as they are. Logs what it did."""
+  params = load_weights(path, abstract_params, model_config)
+  objective = one_segment_objective(path)
+  if objective is None or model_config.type_vocab_size < 2:
+    return params
+  if segment_b_init == "keep":
+    logging.warning("%s was pretrained with objective %s on one segment: segment B's "
+                    "token-type row, never trained, keeps its random initial values "
+                    "(--config.segment_b_init=keep).", path, objective)
+  else:
+    logging.info("%s was pretrained with objective %s on one segment: segment B's "
+                 "token-type row, never trained, starts %s (--config.segment_b_init=%s).",
+                 path, objective,
+                 "as a copy of segment A's" if segment_b_init == "copy_a" else "at zeros",
+                 segment_b_init)
+  return fill_segment_rows(params, segment_b_init)
+
+
+def finetuning_loader(segment_b_init: str):
+  """The weights loader of fine-tuning runs (tasks.loop.WeightsLoader):
+  load_for_finetuning with `segment_b_init` (config.segment_b_init)."""
+  if segment_b_init not in SEGMENT_B_INITS:
+    raise ValueError(f"--config.segment_b_init={segment_b_init!r}: must be one of "
+                     f"{SEGMENT_B_INITS}")
+  return functools.partial(load_for_finetuning, segment_b_init=segment_b_init)

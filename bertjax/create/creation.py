@@ -44,13 +44,13 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from bertjax import hostmem
 from bertjax.create import documents
 from bertjax.create import mapper
 from bertjax.create import partition
 from bertjax.create import records
 from bertjax.create import tasks
 from bertjax.records import fileio
+from bertjax.records import hostmem
 from bertjax.records import schema
 
 # The names a caller of the driver needs, defined with the map step.

@@ -17,10 +17,10 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 from absl import logging
 import numpy as np
 
-from bertjax import hostmem
 from bertjax.input import dynamic_masking as masking_lib
 from bertjax.input import packing
 from bertjax.records import fileio
+from bertjax.records import hostmem
 from bertjax.records import schema
 from bertjax.records import tfrecord
 

@@ -19,14 +19,20 @@ apart with:
   prediction of every example of the row, its position moved by the
   example's offset in the row, unused slots weight 0.
 
-So every loss and metric is the unpacked one over the same examples.
+So the loss and metric sums of a packed batch are those of the same
+examples unpacked. Evaluation (EvalPacker) scores the same examples as
+unpacked, so its sums agree; training (TrainPacker) gives a step the
+examples of its chunk's steps reordered, and leaves out (and counts) the
+ones that fit in no row.
 
 Layout: first-fit (an example goes into the first row with room for its
 tokens, its predictions and one more example), in the given order or by
 decreasing length (first-fit decreasing, within 11/9 of the fewest rows
 plus one). Krell et al.'s SPFHP is a best-fit decreasing over a length
-histogram of the whole dataset; first-fit decreasing over each batch comes
-close to it without a pass over the data.
+histogram of the whole dataset; first-fit decreasing over each chunk comes
+close to it without a pass over the data. Evaluation plans each host's
+share of its records at once (plan_rows), first-fit decreasing over their
+size histogram.
 """
 
 import dataclasses
@@ -258,72 +264,142 @@ class TrainPacker:
     return {"packing_overflow": self.overflow}
 
 
-def sequential_plan(tokens_N: np.ndarray, predictions_N: np.ndarray, real_N: np.ndarray,
-                    p: Packing) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-  """(batch [n], row [n], offset [n]): the examples in order, first-fit into
-  batches of p.rows rows; a batch closes when the next example fits in none
-  of its rows. Every real example is placed exactly once; others get -1."""
-  n = len(tokens_N)
-  batch_N = np.full(n, -1, np.int64)
-  row_N = np.full(n, -1, np.int64)
-  offset_N = np.full(n, -1, np.int64)
-  empty = lambda: (np.full(p.rows, p.max_seq_length, np.int64),
-                   np.full(p.rows, p.max_predictions_per_row, np.int64),
-                   np.full(p.rows, p.max_examples_per_row, np.int64))
-  g, (tokens_R, preds_R, slots_R), used = 0, empty(), False
-  for i in np.flatnonzero(real_N).tolist():
-    fits = lambda: (tokens_R >= tokens_N[i]) & (preds_R >= predictions_N[i]) & (slots_R > 0)
-    fits_R = fits()
-    if not fits_R.any():
-      if not used:
-        raise ValueError(f"example {i} ({tokens_N[i]} tokens, {predictions_N[i]} "
-                         "predictions) fits in no empty packed row")
-      g, (tokens_R, preds_R, slots_R), used = g + 1, empty(), False
-      fits_R = fits()
-    r = int(np.argmax(fits_R))
-    batch_N[i], row_N[i] = g, r
-    offset_N[i] = p.max_seq_length - tokens_R[r]
-    tokens_R[r] -= tokens_N[i]
-    preds_R[r] -= predictions_N[i]
-    slots_R[r] -= 1
-    used = True
-  return batch_N, row_N, offset_N
+def _take(free: tuple[int, int, int], tokens: int, predictions: int) -> int:
+  """How many examples of one size a row with `free` (tokens, predictions,
+  examples) still takes."""
+  n = free[2]
+  if tokens:
+    n = min(n, free[0] // tokens)
+  if predictions:
+    n = min(n, free[1] // predictions)
+  return n
+
+
+def _split(group: list, per: int, m: int, size_id: int, tokens: int,
+           predictions: int) -> tuple[list, int]:
+  """(the groups that `group` becomes, examples left) when m examples of
+  size class `size_id` go into its rows first-fit, `per` to a row: full rows, then
+  one row with the rest, then the rows left as they were."""
+  count, free, contents = group
+  full = min(m // per, count)
+  part = m - full * per if full < count else 0
+  placed = ((full, per), (1 if part else 0, part), (count - full - (1 if part else 0), 0))
+  out = [[c, (free[0] - n * tokens, free[1] - n * predictions, free[2] - n),
+          contents + (size_id,) * n] for c, n in placed if c]
+  return out, m - full * per - part
+
+
+def _place_size(open_groups: list, size_id: int, tokens: int, predictions: int, m: int,
+                empty: tuple[int, int, int]) -> list:
+  """The row groups after placing m examples of size class `size_id` first-fit:
+  each open group takes what fits, new rows after them the rest."""
+  out = []
+  for group in open_groups:
+    per = _take(group[1], tokens, predictions) if m else 0
+    if not per:
+      out.append(group)
+      continue
+    groups, m = _split(group, per, m, size_id, tokens, predictions)
+    out += groups
+  if m:
+    per = _take(empty, tokens, predictions)
+    if not per:
+      raise ValueError(f"an example of {tokens} tokens and {predictions} predictions fits "
+                       "in no empty packed row")
+    groups, m = _split([-(-m // per), empty, ()], per, m, size_id, tokens, predictions)
+    out += groups
+  return out
+
+
+def _group_slots(groups: list, tokens_S: np.ndarray) -> tuple[np.ndarray, ...]:
+  """(row, size class, offset) of every example slot of `groups`, whose rows
+  are numbered in order; tokens_S: each size class's tokens."""
+  rows, sizes, offsets, start = [], [], [], 0
+  for count, _, contents in groups:
+    offset = 0
+    for size_id in contents:
+      rows.append(np.arange(start, start + count))
+      sizes.append(np.full(count, size_id))
+      offsets.append(np.full(count, offset))
+      offset += int(tokens_S[size_id])
+    start += count
+  return tuple(np.concatenate(a + [np.zeros(0, np.int64)]) for a in (rows, sizes, offsets))
+
+
+def plan_rows(tokens_N: np.ndarray, predictions_N: np.ndarray, real_N: np.ndarray,
+              p: Packing) -> tuple[np.ndarray, np.ndarray, int]:
+  """(row [n], offset [n], rows): every real example first-fit decreasing
+  into as many rows as it takes (p.rows is not read); others get -1.
+
+  The examples are grouped by size, (tokens, predictions), and placed a
+  size at a time, longest first, into groups of identical rows, so the
+  loop runs over sizes and row groups rather than examples; within a size
+  the examples take its slots in file order. A pure function of the sizes:
+  every host that plans the same sizes gets the same rows.
+  """
+  real = np.flatnonzero(real_N)
+  tokens = np.asarray(tokens_N, np.int64)[real]
+  predictions = np.asarray(predictions_N, np.int64)[real]
+  width = int(predictions.max(initial=0)) + 1
+  sizes_S, size_of, counts_S = np.unique(tokens * width + predictions, return_inverse=True,
+                                         return_counts=True)
+  empty = (p.max_seq_length, p.max_predictions_per_row, p.max_examples_per_row)
+  smallest = (int(tokens.min(initial=0)), int(predictions.min(initial=0)))
+  open_groups, closed = [], []  # Closed: rows with no room for the smallest example.
+  for size_id in range(len(sizes_S) - 1, -1, -1):  # Longest first.
+    t, q = divmod(int(sizes_S[size_id]), width)
+    open_groups = _place_size(open_groups, size_id, t, q, int(counts_S[size_id]), empty)
+    closed += [g for g in open_groups if not _take(g[1], *smallest)]
+    open_groups = [g for g in open_groups if _take(g[1], *smallest)]
+  slot_rows, slot_sizes, slot_offsets = _group_slots(closed + open_groups, sizes_S // width)
+  slots = np.lexsort((slot_rows, slot_sizes))  # By size, then row.
+  examples = real[np.argsort(size_of, kind="stable")]  # By size, then file order.
+  row_N = np.full(len(tokens_N), -1, np.int64)
+  offset_N = np.full(len(tokens_N), -1, np.int64)
+  row_N[examples], offset_N[examples] = slot_rows[slots], slot_offsets[slots]
+  return row_N, offset_N, sum(g[0] for g in closed + open_groups)
 
 
 class EvalPacker:
-  """Evaluation batches packed by a plan over all the examples (sequential_plan).
+  """One host's packed evaluation batches, from one plan over its share of
+  the records (plan_rows).
 
-  Host h of P takes rows [h*R, (h+1)*R) of every global batch of P*R rows;
-  rows(step) gives the records of this host's rows (-1 padding to R*K
-  slots) and __call__ packs them where the plan put them.
+  The share is records [first_record, first_record + n) and tokens_N,
+  predictions_N, real_N are their sizes. Batch `step` is rows
+  [step*R, (step+1)*R) of the plan (R = p.rows); rows(step) gives the
+  records placed there (-1 padding to R*K slots) and __call__ packs them
+  where the plan put them. Past this host's num_batches, ceil(rows / R),
+  a batch holds no record: all its rows have weight 0.
   """
 
-  def __init__(self, p: Packing, tokens_N, predictions_N, real_N, process_index: int,
-               process_count: int, max_batches: Optional[int] = None):
+  def __init__(self, p: Packing, tokens_N, predictions_N, real_N, first_record: int = 0):
     self.p = p
-    global_p = dataclasses.replace(p, rows=p.rows * process_count)
-    batch_N, row_N, offset_N = sequential_plan(tokens_N, predictions_N, real_N, global_p)
-    self.num_batches = int(batch_N.max()) + 1 if (batch_N >= 0).any() else 0
-    if max_batches is not None:
-      self.num_batches = min(self.num_batches, max_batches)
-    mine = np.flatnonzero((batch_N >= 0) & (row_N // p.rows == process_index))
-    self._records, self._rows, self._offsets = {}, {}, {}
-    slots = p.rows * p.max_examples_per_row
-    for g in range(self.num_batches):
-      idx = mine[batch_N[mine] == g]
-      self._records[g] = np.concatenate([idx, np.full(slots - len(idx), -1, np.int64)])
-      self._rows[g] = np.concatenate([row_N[idx] - process_index * p.rows,
-                                      np.full(slots - len(idx), -1, np.int64)])
-      self._offsets[g] = np.concatenate([offset_N[idx], np.full(slots - len(idx), -1, np.int64)])
+    row_N, offset_N, rows = plan_rows(tokens_N, predictions_N, real_N, p)
+    self.num_batches = -(-rows // p.rows)
+    placed = np.flatnonzero(row_N >= 0)
+    placed = placed[np.argsort(row_N[placed], kind="stable")]  # By batch.
+    self._records = placed + first_record
+    self._batch, self._rows = np.divmod(row_N[placed], p.rows)
+    self._offsets = offset_N[placed]
 
   @property
   def slots(self) -> int:
     """Records read per host batch (the most that R rows can hold)."""
     return self.p.rows * self.p.max_examples_per_row
 
+  def placement(self, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(record [slots], row [slots], offset [slots]) of this host's batch
+    `step`: each record's row among this host's R and its first token there;
+    -1 in the slots past the batch's records."""
+    lo, hi = np.searchsorted(self._batch, [step, step + 1])
+    pad = np.full(self.slots - (hi - lo), -1, np.int64)
+    return tuple(np.concatenate([v[lo:hi], pad])
+                 for v in (self._records, self._rows, self._offsets))
+
   def rows(self, step: int) -> tuple[np.ndarray, np.ndarray]:
     """(record indices [slots], epochs [slots]) of this host's batch `step`."""
-    return self._records[step], np.zeros(self.slots, np.int64)
+    return self.placement(step)[0], np.zeros(self.slots, np.int64)
 
   def __call__(self, step: int, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return pack(batch, self._rows[step], self._offsets[step], self.p)
+    _, rows, offsets = self.placement(step)
+    return pack(batch, rows, offsets, self.p)

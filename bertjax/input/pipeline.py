@@ -64,8 +64,8 @@ chunk_steps times as many rows, handed out a step's rows at a time: the
 order is still a function of (seed, step) (a resume reads one chunk), and
 an example that fits in none of the rows is left out and counted
 (stats()["packing_overflow"]). Evaluation (evaluation.py) plans the packing
-over all its records first (one pass over their lengths): every record once,
-in file order, none left out.
+over all its records first (one pass over their sizes): every record once,
+none left out.
 """
 
 import collections
@@ -105,12 +105,13 @@ def check_metadata(file_pattern: str, *, max_seq_length: int,
                    max_predictions_per_seq: Optional[int], vocab_size: Optional[int] = None,
                    vocab_hash: Optional[str] = None,
                    require: bool = False,
-                   objective: Optional[str] = None) -> Optional[schema.DatasetMetadata]:
+                   objective: Optional[str] = None,
+                   evaluation: bool = False) -> Optional[schema.DatasetMetadata]:
   """Checks the metadata.json beside the files against the config.
 
   With `objective` (schema.OBJECTIVES) the records must have been made for
-  it; records without metadata.json count as the paper's (mlm+nsp), so any
-  other objective refuses them.
+  it, or with `evaluation` for one of schema.EVAL_OBJECTIVES[objective];
+  records without metadata.json count as the paper's (mlm+nsp).
 
   Raises ValueError naming the metadata file and field on a mismatch. The
   model's vocab may be larger than the data's (padded), not smaller. Without
@@ -123,12 +124,16 @@ def check_metadata(file_pattern: str, *, max_seq_length: int,
     md = schema.read_metadata(directory)
     path = schema.metadata_path(directory)
     made_for = md.objective if md is not None else schema.DEFAULT_OBJECTIVE
-    if objective is not None and made_for != objective:
+    accepted = ((schema.EVAL_OBJECTIVES[objective] if evaluation else (objective,))
+                if objective is not None else ())
+    if objective is not None and made_for not in accepted:
       have = (f"objective is {made_for!r}" if md is not None else
               f"there is no {schema.METADATA_FILENAME}, so the records are taken as the "
               f"original release's ({made_for!r})")
-      raise ValueError(f"{path}: {have} but the config has objective={objective!r}; "
-                       "create the data with --objective="
+      takes = (f"evaluation of an objective={objective!r} model takes records made for "
+               f"{' or '.join(repr(o) for o in accepted)}" if evaluation else
+               f"the config has objective={objective!r}")
+      raise ValueError(f"{path}: {have} but {takes}; create the data with --objective="
                        f"{objective} (bertjax.create_data) or set --config.objective="
                        f"{made_for}.")
     if md is None:

@@ -58,6 +58,14 @@ SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 #            the same rows as mlm, unmasked.
 OBJECTIVES = ("mlm+nsp", "mlm", "ltr")
 DEFAULT_OBJECTIVE = "mlm+nsp"
+# The records a model trained for each objective is evaluated on. Training
+# takes only its own objective's records. An mlm model is also scored on the
+# paper's held-out pairs (their masked-LM figures; it has no NSP head), so
+# that mlm and mlm+nsp runs compare on the same examples. An mlm+nsp model
+# takes only pairs (mlm rows' next_sentence_labels are all 0), and an ltr
+# model only unmasked rows (it predicts every next token, so masked records
+# would have it predict [MASK]).
+EVAL_OBJECTIVES = {"mlm+nsp": ("mlm+nsp",), "mlm": ("mlm", "mlm+nsp"), "ltr": ("ltr",)}
 
 
 def feature_length(name: str, max_seq_length: int, max_predictions_per_seq: int) -> int:

@@ -2,7 +2,12 @@
 
 Both are pure functions of their arguments, so every host computes the same
 global batch and takes its own rows: host h of H takes rows [h*b, (h+1)*b)
-of each global batch of B = H*b rows.
+of each global batch of B = H*b rows. On the devices a host's rows sit where
+that host's devices sit in the mesh, which need not be host after host (a
+TPU mesh is laid out by the chips' physical positions), so an evaluation
+batch carries each row's example id (EXAMPLE_ID_KEY), the predict step
+returns the ids with its outputs, and in_example_order puts every output
+with its example by id.
 
 Length bucketing (`buckets`, from bucket_lengths): each global batch is cut
 to the shortest bucket length that holds its longest example, so a batch of
@@ -20,6 +25,7 @@ import numpy as np
 from bertjax.input.pipeline import epoch_order
 
 WEIGHT_KEY = "weights"  # 1.0 for a real example, 0.0 for padding.
+EXAMPLE_ID_KEY = "example_ids"  # An evaluation row's example (its row in the split); -1: padding.
 
 
 def _process(index: Optional[int], count: Optional[int], global_batch_size: int):
@@ -170,7 +176,8 @@ def eval_batches(arrays: dict[str, np.ndarray], global_batch_size: int, *,
                  process_index: Optional[int] = None, process_count: Optional[int] = None
                  ) -> Iterator[dict[str, np.ndarray]]:
   """Every row once, in eval_order; the last global batch is padded with weight-0
-  rows. With buckets, each batch is cut to its bucket length."""
+  rows. With buckets, each batch is cut to its bucket length. Each row carries
+  its example id (EXAMPLE_ID_KEY: its row in `arrays`, -1 for padding)."""
   index, count = _process(process_index, process_count, global_batch_size)
   order = eval_order(arrays, buckets)
   n = len(order)
@@ -180,4 +187,37 @@ def eval_batches(arrays: dict[str, np.ndarray], global_batch_size: int, *,
     pos = step * global_batch_size + np.arange(global_batch_size, dtype=np.int64)
     rows = np.where(pos < n, order[np.minimum(pos, n - 1)], -1)
     length = None if lengths is None else padded_length(lengths[rows[rows >= 0]], buckets)
-    yield _take(arrays, rows[index * b:(index + 1) * b], length)
+    mine = rows[index * b:(index + 1) * b]
+    batch = _take(arrays, mine, length)
+    batch[EXAMPLE_ID_KEY] = mine.astype(np.int32)
+    yield batch
+
+
+def in_example_order(outputs: list, example_ids: list, num_examples: int):
+  """Outputs of evaluation batches -> each output leaf with row i example i's output.
+
+  `outputs[k]` (a pytree of arrays with a leading row axis) and
+  `example_ids[k]` are what the predict step returned for batch k. Each row
+  goes to the example its id names, whatever its position in the global
+  batch; padding rows (id -1) are dropped. Every example of the split must
+  come back exactly once.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  ids = np.concatenate([np.asarray(i).reshape(-1) for i in example_ids]).astype(np.int64)
+  real = ids >= 0
+  ids = ids[real]
+  counts = np.bincount(ids, minlength=num_examples)
+  if len(counts) > num_examples or (counts != 1).any():
+    missing = np.flatnonzero(counts[:num_examples] == 0)
+    extra = np.flatnonzero(counts > 1)
+    raise ValueError(f"evaluation outputs of {num_examples} examples came back with "
+                     f"{len(ids)} real rows: examples {missing[:5].tolist()} missing, "
+                     f"{extra[:5].tolist()} repeated, ids up to {ids.max(initial=-1)}")
+
+  def place(*parts: np.ndarray) -> np.ndarray:
+    rows = np.concatenate(parts)[real]
+    out = np.empty_like(rows)
+    out[ids] = rows
+    return out
+
+  return jax.tree.map(place, *outputs)

@@ -110,32 +110,25 @@ def predict(predict_fn, state, split: Split, batch_size: int, sharding,
   """The model's outputs for every example of `split`, in order (padding dropped).
 
   Batches are dispatched without waiting; their outputs stay on the devices
-  and are read back once at the end. With `buckets` (batches.bucket_lengths)
+  and are read back once at the end, each row put with its example by the
+  example id that came back with it (batches.in_example_order), wherever
+  the mesh placed it. With `buckets` (batches.bucket_lengths)
   the examples go through sorted by length, each batch cut to its bucket, and
   come back in the split's order; a split with per_position_outputs gets its
   positions past the batch's length filled with NO_TOKEN_LOGIT.
   """
-  n = len(split)
-  order = batches_lib.eval_order(split.arrays, buckets)
   on_device = [predict_fn(state, device_lib.to_global(batch, sharding))
                for batch in batches_lib.eval_batches(split.arrays, batch_size,
                                                      buckets=buckets)]
-  outs = jax.device_get(on_device)
+  if not on_device:
+    raise ValueError(f"split {split.name} has no examples to predict")
+  outs, ids = zip(*jax.device_get(on_device))
   if buckets and split.per_position_outputs:
     full = split.arrays["input_ids"].shape[-1]
     outs = [jax.tree.map(lambda x: np.pad(
         x, [(0, 0), (0, full - x.shape[1])] + [(0, 0)] * (x.ndim - 2),
         constant_values=NO_TOKEN_LOGIT), out) for out in outs]
-  if not outs:
-    raise ValueError(f"split {split.name} has no examples to predict")
-  flat = jax.tree.map(lambda *xs: np.concatenate(xs)[:n], *outs)
-  return jax.tree.map(lambda x: _in_order(x, order), flat)
-
-
-def _in_order(x: np.ndarray, order: np.ndarray) -> np.ndarray:
-  out = np.empty_like(x)
-  out[order] = x
-  return out
+  return batches_lib.in_example_order(list(outs), list(ids), len(split))
 
 
 def evaluate(predict_fn, state, dev: list[Split], batch_size: int, sharding,
@@ -230,6 +223,19 @@ def _best_result(best: BestDev, workdir: str, config) -> Optional[dict[str, Any]
           "checkpoint": os.path.join(workdir, where, str(best.step))}
 
 
+def prediction_checkpoint(best: Optional[dict[str, Any]], run_workdir: str) -> str:
+  """The checkpoint a run's test-set predictions come from: the one that earned its
+  best dev score (`best`, a results.json's "best": RUN/best/<step> with periodic
+  evaluation, else the last step in RUN/checkpoints), so that predictions go with the
+  score a sweep ranks the run by; the run's latest checkpoint when no evaluation
+  scored (best is None: every score was NaN)."""
+  if best is None:
+    logging.warning("No dev evaluation of the run in %s scored (every score NaN): "
+                    "predicting with its latest checkpoint.", run_workdir)
+    return os.path.join(run_workdir, CHECKPOINTS)
+  return best["checkpoint"]
+
+
 def primary_score(task: registry.Task, results: dict) -> float:
   """The run's best primary score (NaN when it has none: every evaluation was NaN)."""
   del task  # results["best"] holds the task's primary metric on its first dev split.
@@ -275,8 +281,9 @@ def compare_with_random_init(config: ml_collections.ConfigDict, workdir: str,
                              weights_loader: Optional[WeightsLoader] = None) -> dict[str, Any]:
   """Fine-tunes from config.init_from (workdir/pretrained) and from random
   initialisation (workdir/random_init) with the same data, steps and settings;
-  results.json holds both runs' dev figures. Returns {"preempted_at_step": step}
-  when a SIGTERM stopped a run."""
+  results.json holds both runs' final dev figures and the pretrained run's best
+  evaluation (pretrained_best). Returns {"preempted_at_step": step} when a SIGTERM
+  stopped a run."""
   prepared = prepare(config)
   steps = setup.build_steps(config, prepared)
   pretrained = finetune_and_evaluate(config, os.path.join(workdir, "pretrained"),
@@ -293,7 +300,8 @@ def compare_with_random_init(config: ml_collections.ConfigDict, workdir: str,
   summary = {"task": prepared.task.name, "primary_metric": prepared.task.primary,
              "primary_split": split, "steps": pretrained["steps"],
              "init_from": config.init_from,
-             "pretrained": pretrained["dev"], "random_init": random_init["dev"]}
+             "pretrained": pretrained["dev"], "random_init": random_init["dev"],
+             "pretrained_best": pretrained["best"]}
   logging.info("Dev %s on %s: %.4f fine-tuned from %s, %.4f from random initialisation.",
                prepared.task.primary, split, primary_score(prepared.task, pretrained),
                config.init_from, primary_score(prepared.task, random_init))

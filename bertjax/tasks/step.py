@@ -1,5 +1,9 @@
 """The pure fine-tuning steps: train_step(state, batch, rng) and predict_step(state, batch).
 
+predict_step returns the outputs with the rows' example ids
+(batches.EXAMPLE_ID_KEY), so that each host can put every output with its
+example wherever the mesh placed its row in the global batch.
+
 One loss per kind of task, each a mean over real examples (weights 1) that
 padding rows (weights 0) do not touch:
   classification   softmax cross entropy over the labels
@@ -23,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bertjax.tasks.batches import WEIGHT_KEY
+from bertjax.tasks.batches import EXAMPLE_ID_KEY, WEIGHT_KEY
 from bertjax.train import sharding as sharding_lib
 from bertjax.train import step as train_step_lib
 from bertjax.train.state import TrainState
@@ -109,14 +113,16 @@ def train_step(state: TrainState, batch, rng, *, kind: str, grad_accum_steps: in
 
 
 def predict_step(state: TrainState, batch):
-  """The model's outputs (logits) for every row of the batch."""
-  return forward(state.params, state.apply_fn, batch)
+  """(the model's outputs (logits) for every row of an evaluation batch, the rows'
+  example ids), row for row."""
+  return forward(state.params, state.apply_fn, batch), batch[EXAMPLE_ID_KEY]
 
 
 def jit_steps(state_shardings, mesh, kind: str, grad_accum_steps: int = 1):
   """(train_step, predict_step) jitted with explicit shardings; train donates the state.
 
-  Predictions come back replicated, so every host reads the whole global batch.
+  Predictions and their example ids come back replicated, so every host reads
+  the whole global batch and orders it by id (batches.in_example_order).
   """
   batch = sharding_lib.batch_sharding(mesh)
   replicated = sharding_lib.replicated(mesh)

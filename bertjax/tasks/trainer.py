@@ -149,10 +149,8 @@ class FineTuner:
     with the counts of skipped (non-finite) steps."""
     host = self.metrics.take_window()  # Reads back and counts the skipped steps first.
     m = window_means(host)
-    # The learning rate of the latest applied update: skipped steps leave the
-    # schedule's count (in the optimizer state) as it was.
-    m["learning_rate"] = float(self.fixed.learning_rate(
-        max(self.step - self.metrics.skipped - 1, 0)))
+    # The learning rate of the latest step (optimizer.scale_by_schedule_at_step).
+    m["learning_rate"] = float(self.fixed.learning_rate(self.step - 1))
     m["steps_per_second"] = len(host) / max(time.perf_counter() - t0, 1e-9)
     m.update(self.metrics.counts())
     logging.info("step %d/%d %s", self.step, self.fixed.num_steps,

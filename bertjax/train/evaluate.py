@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.records.schema import EXAMPLE_WEIGHT_KEY
+from bertjax.records.schema import DEFAULT_OBJECTIVE, EXAMPLE_WEIGHT_KEY
 from bertjax.train import step as step_lib
 
 
@@ -31,11 +31,13 @@ def label_counts(batch, vocab_size: int) -> dict[str, jax.Array]:
 class Evaluator:
   """Sums eval_step over batches (padding rows weigh 0) and divides once."""
 
-  def __init__(self, state_shardings, batch_sharding, replicated, *, vocab_size: int):
+  def __init__(self, state_shardings, batch_sharding, replicated, *, vocab_size: int,
+               objective: str = DEFAULT_OBJECTIVE):
     self._sharding = batch_sharding
 
     def step(state, batch):
-      return step_lib.eval_step(state, batch), label_counts(batch, vocab_size)
+      return (step_lib.eval_step(state, batch, objective=objective),
+              label_counts(batch, vocab_size))
     self._step = jax.jit(step, in_shardings=(state_shardings, batch_sharding),
                          out_shardings=replicated)
 

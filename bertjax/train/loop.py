@@ -130,15 +130,21 @@ def _setup(config) -> tuple[Run, BertForPreTraining, Any, dict[str, Any]]:
                                          jax.devices(), config.mesh)[0]))
   plan = run_config.phases(config)
   if config.data.source == "tfrecord":
-    for p in plan:  # The records must be made for the objective (their metadata.json).
-      if not p.train_files:
-        continue
-      try:
-        pipeline.check_metadata(p.train_files, max_seq_length=p.max_seq_length,
-                                max_predictions_per_seq=p.max_predictions_per_seq,
-                                objective=config.objective)
-      except ValueError as e:
-        raise run_config.ConfigError(f"--config.phases.{p.name}.train_files: {e}") from None
+    # The records must be made for the objective (their metadata.json), and the
+    # held-out records for one it can be scored on (schema.EVAL_OBJECTIVES).
+    for p in plan:
+      for field, files, predictions in (("train_files", p.train_files,
+                                         p.max_predictions_per_seq),
+                                        ("eval_files", p.eval_files, None)):
+        if not files:
+          continue
+        try:
+          pipeline.check_metadata(files, max_seq_length=p.max_seq_length,
+                                  max_predictions_per_seq=predictions,
+                                  objective=config.objective,
+                                  evaluation=field == "eval_files")
+        except ValueError as e:
+          raise run_config.ConfigError(f"--config.phases.{p.name}.{field}: {e}") from None
   schedule = opt_lib.learning_rate_schedule(
       config.optimizer, config.total_steps, [p.start for p in plan] + [plan[-1].end],
       [p.warmup_steps for p in plan])

@@ -157,12 +157,13 @@ def freeze(tx: optax.GradientTransformation, frozen: Sequence[str]
   def init_fn(params):
     return tx.init(trained(params))
 
-  def update_fn(updates, state, params=None):
-    inner, state = tx.update(trained(updates), state, trained(params))
+  def update_fn(updates, state, params=None, **extra_args):
+    inner, state = optax.with_extra_args_support(tx).update(
+        trained(updates), state, trained(params), **extra_args)
     return {k: jax.tree.map(jnp.zeros_like, v) if k in frozen else inner[k]
             for k, v in updates.items()}, state
 
-  return optax.GradientTransformation(init_fn, update_fn)
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 def _optimizer_chain(opt_config, schedule: optax.Schedule) -> optax.GradientTransformation:
@@ -181,7 +182,35 @@ def _optimizer_chain(opt_config, schedule: optax.Schedule) -> optax.GradientTran
             optax.masked(scale_by_layerwise_trust_ratio(), decay_mask)]
   else:
     raise ValueError(f"optimizer.name: {name!r} is not one of 'adamw', 'lamb'")
-  return optax.chain(*clip, *core, optax.scale_by_learning_rate(schedule))
+  return optax.chain(*clip, *core, scale_by_schedule_at_step(schedule))
+
+
+def scale_by_schedule_at_step(schedule: optax.Schedule
+                              ) -> optax.GradientTransformationExtraArgs:
+  """Scales updates by -schedule(step), `step` being the train step's number.
+
+  The train step passes `step=state.step` (tx.update(..., step=...)), so the
+  learning rate is a function of the step alone: a step whose update is
+  skipped (non-finite, step.apply_gradients) still moves the schedule on,
+  the run ends at the schedule's end value at total_steps, and each phase's
+  warmup starts at the phase's first step, where its data starts. (Adam's
+  own count, which its bias correction reads, counts applied updates.)
+  Called without `step`, it counts its own updates, as
+  optax.scale_by_learning_rate does. The state is optax's
+  ScaleByScheduleState, so checkpoints keep their layout.
+  """
+  def init_fn(params):
+    del params
+    return optax.ScaleByScheduleState(count=jnp.zeros([], jnp.int32))
+
+  def update_fn(updates, state, params=None, *, step=None, **extra_args):
+    del params, extra_args
+    t = state.count if step is None else jnp.asarray(step, jnp.int32)
+    scale = -schedule(t)
+    updates = jax.tree.map(lambda u: jnp.asarray(scale, u.dtype) * u, updates)
+    return updates, optax.ScaleByScheduleState(count=t + 1)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 def make_optimizer_with_runtime_peak(opt_config, unit_schedule: optax.Schedule,

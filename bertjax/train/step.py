@@ -4,20 +4,22 @@
 `eval_step(state, batch) -> metrics` are module-level functions; the loop
 jits them with explicit shardings and donates the state. The loss is the
 masked-LM cross entropy averaged over `masked_lm_weights` plus the
-next-sentence cross entropy averaged over real examples; the model's
-outputs say which of the objectives (run_config.OBJECTIVES) it is trained
-for: without nsp_logits (objective "mlm") the NSP terms are 0 with weight 0,
-and with lm_logits (objective "ltr") the masked-LM terms are the next-token
-cross entropy and accuracy at every position whose next token is real
-(input_mask[t + 1] = 1), reported under the same mlm_* names. With gradient
-accumulation the global batch is split into micro-batches whose gradients
-add up to the gradient of the whole batch (up to float rounding, and with
-each micro-batch drawing its own dropout): every micro-batch loss is divided
-by the whole batch's weight totals. Packed batches (schema.PACKED_KEYS
-present) carry next_sentence_labels and weights per packed example, [B, K]:
-the sums run over every example either way. train_step's metrics also count
-the batch's real tokens (`real_tokens`, the sum of input_mask over the
-global batch), packed or not, for the logged real-token throughput.
+next-sentence cross entropy averaged over real examples. The objective
+(schema.OBJECTIVES, a static argument; the run config's `objective`)
+decides which terms there are, in one place (`loss_terms`): for "mlm" the
+NSP terms are 0 with weight 0, and for "ltr" the masked-LM terms are the
+next-token cross entropy and accuracy at every position whose next token is
+real (input_mask[t + 1] = 1), reported under the same mlm_* names. The
+model must output the logits its objective needs (a clear error otherwise).
+With gradient accumulation the global batch is split into micro-batches
+whose gradients add up to the gradient of the whole batch (up to float
+rounding, and with each micro-batch drawing its own dropout): every
+micro-batch loss is divided by the whole batch's weight totals. Packed
+batches (schema.PACKED_KEYS present) carry next_sentence_labels and weights
+per packed example, [B, K]: the sums run over every example either way.
+train_step's metrics also count the batch's real tokens (`real_tokens`,
+the sum of input_mask over the global batch), packed or not, for the logged
+real-token throughput.
 """
 
 import functools
@@ -27,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bertjax.records.schema import EXAMPLE_WEIGHT_KEY, PACKED_KEYS
+from bertjax.records.schema import DEFAULT_OBJECTIVE, EXAMPLE_WEIGHT_KEY, OBJECTIVES, PACKED_KEYS
 from bertjax.train import sharding as sharding_lib
 from bertjax.train.sharding import BATCH_AXES
 from bertjax.train.state import TrainState
@@ -35,26 +37,53 @@ from bertjax.train.state import TrainState
 Batch = dict[str, jax.Array]
 
 
-def loss_sums(params, apply_fn, batch: Batch, rng, deterministic: bool):
+def loss_terms(objective: str) -> tuple[bool, bool]:
+  """(causal, next_sentence): whether `objective`'s language-model loss is
+  next-token prediction (ltr), and whether it has the NSP loss (mlm+nsp)."""
+  if objective not in OBJECTIVES:
+    raise ValueError(f"objective {objective!r} is not one of {OBJECTIVES}")
+  return objective == "ltr", objective == "mlm+nsp"
+
+
+def _logits(out: dict[str, jax.Array], key: str, objective: str) -> jax.Array:
+  if key not in out:
+    raise ValueError(f"objective={objective!r} needs the model's {key}, but it outputs "
+                     f"{sorted(out)}: build the model with run_config.model_overrides"
+                     f"({objective!r})")
+  return out[key]
+
+
+def _lm_weights(batch: Batch, causal: bool) -> jax.Array:
+  """The language-model loss's weights: the masked positions, or for a causal
+  model every position whose next token is real (of a real example)."""
+  if causal:
+    example_w_B = batch[EXAMPLE_WEIGHT_KEY].astype(jnp.float32)
+    return batch["input_mask"][:, 1:].astype(jnp.float32) * example_w_B[:, None]
+  return batch["masked_lm_weights"].astype(jnp.float32)
+
+
+def loss_sums(params, apply_fn, batch: Batch, rng, deterministic: bool,
+              objective: str = DEFAULT_OBJECTIVE):
   """Weighted sums (not means) of losses and hits, so micro-batches add up."""
+  causal, next_sentence = loss_terms(objective)
   packed = {k: batch[k] for k in PACKED_KEYS if k in batch}
   out = apply_fn(
       {"params": params}, batch["input_ids"], batch["input_mask"], batch["segment_ids"],
       batch["masked_lm_positions"], deterministic=deterministic, sequence_output=False,
       rngs=None if deterministic else {"dropout": rng}, **packed)
-  if "lm_logits" in out:
+  mlm_w_BxP = _lm_weights(batch, causal)
+  if causal:
     # Next-token prediction: position t predicts the token at t + 1.
-    mlm_logits_BxPxV = out["lm_logits"][:, :-1]
+    mlm_logits_BxPxV = _logits(out, "lm_logits", objective)[:, :-1]
     mlm_labels_BxP = batch["input_ids"][:, 1:]
-    mlm_w_BxP = batch["input_mask"][:, 1:].astype(jnp.float32)
-    mlm_w_BxP = mlm_w_BxP * batch[EXAMPLE_WEIGHT_KEY].astype(jnp.float32)[:, None]
   else:
-    mlm_logits_BxPxV, mlm_labels_BxP = out["mlm_logits"], batch["masked_lm_ids"]
-    mlm_w_BxP = batch["masked_lm_weights"].astype(jnp.float32)
+    mlm_logits_BxPxV = _logits(out, "mlm_logits", objective)
+    mlm_labels_BxP = batch["masked_lm_ids"]
   mlm_nll_BxP, mlm_hit = nll_and_hit(mlm_logits_BxPxV, mlm_labels_BxP)
   nsp_w_B = batch[EXAMPLE_WEIGHT_KEY].astype(jnp.float32)
-  if "nsp_logits" in out:
-    nsp_nll_B, nsp_hit = nll_and_hit(out["nsp_logits"], batch["next_sentence_labels"])
+  if next_sentence:
+    nsp_nll_B, nsp_hit = nll_and_hit(_logits(out, "nsp_logits", objective),
+                                     batch["next_sentence_labels"])
   else:
     nsp_w_B = jnp.zeros_like(nsp_w_B)
     nsp_nll_B, nsp_hit = nsp_w_B, nsp_w_B
@@ -100,14 +129,15 @@ def _has_mesh() -> bool:
   return not jax.sharding.get_abstract_mesh().empty
 
 
-def train_step(state: TrainState, batch: Batch, rng, *, grad_accum_steps: int = 1
-               ) -> tuple[TrainState, dict[str, Any]]:
+def train_step(state: TrainState, batch: Batch, rng, *, objective: str = DEFAULT_OBJECTIVE,
+               grad_accum_steps: int = 1) -> tuple[TrainState, dict[str, Any]]:
   """One optimizer step on a global batch. `rng` is the run's base key."""
   step_rng = jax.random.fold_in(rng, state.step)
-  mlm_total, nsp_total = _weight_totals(state, batch)
+  mlm_total, nsp_total = _weight_totals(batch, objective)
 
   def loss_fn(params, micro, micro_rng):
-    sums = loss_sums(params, state.apply_fn, micro, micro_rng, deterministic=False)
+    sums = loss_sums(params, state.apply_fn, micro, micro_rng, deterministic=False,
+                     objective=objective)
     return sums["mlm_loss"] / mlm_total + sums["nsp_loss"] / nsp_total, sums
 
   grads, sums = accumulate_gradients(loss_fn, state.params, batch, step_rng,
@@ -147,17 +177,13 @@ def accumulate_gradients(loss_fn, params, batch: Batch, rng, grad_accum_steps: i
   return grads, sums
 
 
-def _weight_totals(state: TrainState, batch: Batch):
-  """The whole batch's masked-LM and NSP weight totals (at least 1), which
+def _weight_totals(batch: Batch, objective: str):
+  """The whole batch's language-model and NSP weight totals (at least 1), which
   every micro-batch's loss sums are divided by."""
+  causal, _ = loss_terms(objective)
   example_w_B = batch[EXAMPLE_WEIGHT_KEY].astype(jnp.float32)
-  # apply_fn is the pretraining model's bound apply (state.create_train_state).
-  model = getattr(state.apply_fn, "__self__", None)
-  if model is not None and model.config.causal:
-    mlm_w = batch["input_mask"][:, 1:].astype(jnp.float32) * example_w_B[:, None]
-  else:
-    mlm_w = batch["masked_lm_weights"].astype(jnp.float32)
-  return jnp.maximum(jnp.sum(mlm_w), 1.0), jnp.maximum(jnp.sum(example_w_B), 1.0)
+  return (jnp.maximum(jnp.sum(_lm_weights(batch, causal)), 1.0),
+          jnp.maximum(jnp.sum(example_w_B), 1.0))
 
 
 def apply_gradients(state: TrainState, grads, metrics: dict[str, jax.Array]
@@ -166,13 +192,15 @@ def apply_gradients(state: TrainState, grads, metrics: dict[str, jax.Array]
 
   Adds grad_norm, param_norm (of the parameters kept) and `finite` to
   `metrics`. A step whose metrics["loss"], gradient norm or updated
-  parameters' norm is not finite keeps the parameters and optimizer state as
-  they were (so the learning-rate schedule, whose count is in the optimizer
-  state, does not advance either); only the step number moves on. Finite
-  parameters therefore stay finite. The loops count such steps and stop
-  after too many in a row (StepMetrics).
+  parameters' norm is not finite keeps the parameters and optimizer state
+  (Adam's moments and count) as they were; the step number moves on, and
+  with it the learning rate, which the optimizer reads from the step
+  (optimizer.scale_by_schedule_at_step). Finite parameters therefore stay
+  finite. The loops count such steps and stop at the one that makes too
+  many in a row (StepMetrics).
   """
-  updates, opt_state = state.tx.update(grads, state.opt_state, state.params)
+  updates, opt_state = state.tx.update(grads, state.opt_state, state.params,
+                                       step=state.step)
   params = optax.apply_updates(state.params, updates)
   metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
   new_norm = optax.tree.norm(params)
@@ -187,19 +215,22 @@ def apply_gradients(state: TrainState, grads, metrics: dict[str, jax.Array]
   return new_state, metrics
 
 
-def eval_step(state: TrainState, batch: Batch) -> dict[str, jax.Array]:
+def eval_step(state: TrainState, batch: Batch, *, objective: str = DEFAULT_OBJECTIVE
+              ) -> dict[str, jax.Array]:
   """Weighted sums over one eval batch; the loop adds them up and divides."""
-  return loss_sums(state.params, state.apply_fn, batch, None, deterministic=True)
+  return loss_sums(state.params, state.apply_fn, batch, None, deterministic=True,
+                   objective=objective)
 
 
-def jit_train_step(state_shardings: TrainState, mesh, *, grad_accum_steps: int = 1):
+def jit_train_step(state_shardings: TrainState, mesh, *, objective: str = DEFAULT_OBJECTIVE,
+                   grad_accum_steps: int = 1):
   """train_step jitted with the state's and the batch's shardings; the state is donated.
 
   Call it under sharding.mesh_context(mesh, rules) so that the model's
   logical constraints resolve.
   """
   return jax.jit(
-      functools.partial(train_step, grad_accum_steps=grad_accum_steps),
+      functools.partial(train_step, objective=objective, grad_accum_steps=grad_accum_steps),
       in_shardings=(state_shardings, sharding_lib.batch_sharding(mesh),
                     sharding_lib.replicated(mesh)),
       out_shardings=(state_shardings, sharding_lib.replicated(mesh)), donate_argnums=0)

@@ -1,14 +1,17 @@
 """The metrics of dispatched steps: kept on the devices, read back in batches.
 
 Steps are dispatched asynchronously, so their metrics are device arrays that
-are not ready yet. Reading them after every step would stall the pipeline;
-instead they wait in `pending` and are read back together (`drain`) when a
-log line is due or before a checkpoint. That is also when non-finite steps
-are counted: the train step skipped their updates (step.apply_gradients),
-and a NonFiniteError naming the step that makes
---config.optimizer.max_nonfinite_in_a_row of them in a row stops the run.
-Before a checkpoint, `drain_for_save` also refuses parameters whose norm is
-not finite.
+are not ready yet. Reading them all after every step would stall the
+pipeline; instead they wait in `pending` and are read back together
+(`drain`) when a log line is due or before a checkpoint. Whether a step was
+finite is read sooner: `add` keeps at most `max_in_flight` steps unfinished,
+and reads the one-element `finite` flag of each step it has waited for. So
+non-finite steps are counted as they finish: the train step skipped their
+updates (step.apply_gradients), and a NonFiniteError naming the step that
+makes --config.optimizer.max_nonfinite_in_a_row of them in a row stops the
+run once that step finishes, with at most `max_in_flight` later steps
+dispatched (and never saved). Before a checkpoint, `drain_for_save` also
+refuses parameters whose norm is not finite.
 """
 
 import math
@@ -46,17 +49,28 @@ class StepMetrics:
     self.skipped = skipped  # Non-finite (skipped) steps, all together.
     self.in_a_row = in_a_row  # Non-finite steps since the last finite one.
     self._param_norm: float | None = None  # Of the latest step read back.
+    # (step, device metrics), oldest first; the first `_counted` of them have
+    # had their `finite` flag read and counted.
     self._pending: list[tuple[int, dict[str, Any]]] = []
+    self._counted = 0
     self._window: list[dict[str, Any]] = []
 
   def add(self, step: int, metrics: dict[str, Any]):
-    """Keeps the (device) metrics of the step that ends at `step`."""
+    """Keeps the (device) metrics of the step that ends at `step`.
+
+    Waits for the step `max_in_flight` before it and counts it if it was not
+    finite (raising NonFiniteError at the one that makes too many in a row).
+    """
     self._pending.append((step, metrics))
-    if len(self._pending) > self._max_in_flight:
+    oldest = len(self._pending) - 1 - self._max_in_flight
+    if oldest >= 0:
       # Without this wait the loop would run up to a logging interval ahead
-      # of the devices, and a preemption would be acted on only when they
-      # caught up.
-      jax.block_until_ready(self._pending[-1 - self._max_in_flight][1]["loss"])
+      # of the devices, and a preemption (or a run of non-finite steps) would
+      # be acted on only when they caught up. Steps are added one at a time,
+      # so every earlier pending step is counted already.
+      done_step, done = self._pending[oldest]
+      self._count(done_step, bool(jax.device_get(done["finite"])))
+      self._counted = oldest + 1
 
   def drain(self):
     """Reads the pending metrics back and counts the non-finite steps among them.
@@ -66,23 +80,30 @@ class StepMetrics:
     """
     if not self._pending:
       return
-    pending, self._pending = self._pending, []
+    pending, counted = self._pending, self._counted
+    self._pending, self._counted = [], 0
     host = jax.device_get([m for _, m in pending])
-    for (step, _), m in zip(pending, host):
+    for i, ((step, _), m) in enumerate(zip(pending, host)):
       if "param_norm" in m:
         self._param_norm = float(m["param_norm"])
       self._window.append(m)
-      if bool(m["finite"]):
-        self.in_a_row = 0
-        continue
-      self.skipped += 1
-      self.in_a_row += 1
-      if self.in_a_row >= self._max_in_a_row:
-        raise NonFiniteError(self._stop_message(step))
-      logging.warning("Step %d: non-finite loss, gradient or updated parameters; its update "
-                      "was skipped (%d in a row, %d in all; --config.%s=%d in a row stop "
-                      "the run).", step, self.in_a_row, self.skipped, NONFINITE_FIELD,
-                      self._max_in_a_row)
+      if i >= counted:
+        self._count(step, bool(m["finite"]))
+
+  def _count(self, step: int, finite: bool):
+    """Counts one finished step; raises NonFiniteError at the one that makes
+    max_nonfinite_in_a_row non-finite steps in a row."""
+    if finite:
+      self.in_a_row = 0
+      return
+    self.skipped += 1
+    self.in_a_row += 1
+    if self.in_a_row >= self._max_in_a_row:
+      raise NonFiniteError(self._stop_message(step))
+    logging.warning("Step %d: non-finite loss, gradient or updated parameters; its update "
+                    "was skipped (%d in a row, %d in all; --config.%s=%d in a row stop "
+                    "the run).", step, self.in_a_row, self.skipped, NONFINITE_FIELD,
+                    self._max_in_a_row)
 
   def _stop_message(self, step: int) -> str:
     first = step - self.in_a_row + 1

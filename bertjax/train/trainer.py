@@ -87,10 +87,12 @@ class Trainer:
         in_a_row=nonfinite.get("nonfinite_in_a_row", 0))
     self._batch_sharding = sharding_lib.batch_sharding(run.mesh)
     self._p_train = step_lib.jit_train_step(
-        shardings, run.mesh, grad_accum_steps=run.config.optimizer.grad_accum_steps)
+        shardings, run.mesh, objective=run.config.objective,
+        grad_accum_steps=run.config.optimizer.grad_accum_steps)
     self._evaluator = eval_lib.Evaluator(shardings, self._batch_sharding,
                                          sharding_lib.replicated(run.mesh),
-                                         vocab_size=run.model_config.vocab_size)
+                                         vocab_size=run.model_config.vocab_size,
+                                         objective=run.config.objective)
 
   def run_phase(self, phase: run_config.Phase) -> bool:
     """Trains to the phase's end; False when stopped (and saved) for a preemption."""
@@ -137,11 +139,8 @@ class Trainer:
 
   def _log(self, phase, source):
     window = self.metrics.take_window()  # Reads back and counts the skipped steps first.
-    # The learning rate of the latest applied update: the schedule's count is
-    # in the optimizer state, which skipped steps leave as it was.
-    applied = self.step - self.metrics.skipped
-    self.logger.log_train(self.step, phase, window,
-                          float(self.run.schedule(max(applied - 1, 0))),
+    # The learning rate of the latest step (optimizer.scale_by_schedule_at_step).
+    self.logger.log_train(self.step, phase, window, float(self.run.schedule(self.step - 1)),
                           data_stats=sum_over_hosts(source_stats(source)),
                           compiled_step_flops=self._step_flops.get(phase.name),
                           nonfinite=self.metrics.counts(),

@@ -26,6 +26,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   config.task = "mrpc"  # cola | sst2 | mrpc | stsb | qqp | mnli | qnli | rte | wnli (and the other tasks in bertjax.tasks.registry); case, hyphens and underscores aside (SST-2, STS-B, MNLI).
   config.init_from = ""  # A bertjax pretraining checkpoint dir, a Hugging Face BERT dir or a TF1 checkpoint dir (bert_model.ckpt.*); empty: random init.
+  config.segment_b_init = "copy_a"  # copy_a | zeros | keep: segment B's token-type row when init_from is a bertjax checkpoint pretrained on one segment (objective mlm or ltr), whose row B was never trained: copied from segment A's row, zeros, or kept at its random initial values. Other weights are left as they are (docs/recipes.md).
   config.data_dir = ""  # Directory of the task's files (GLUE TSVs: train.tsv, dev.tsv), or the GLUE root holding a directory per task (SST-2/, STS-B/, ...); empty reads TFDS.
   config.tfds_data_dir = ""  # TFDS data_dir when data_dir is empty; empty: TFDS's default.
   config.vocab_file = ""  # WordPiece vocab.txt; empty takes init_from/vocab.txt (Hugging Face and TF1 dirs).
@@ -40,7 +41,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.eval_every_steps = 0  # Dev evaluation (TensorBoard dev_*) every this many steps, keeping the best checkpoint in WORKDIR/best; 0: only at the end.
   config.early_stopping_patience = 0  # Stop after this many dev evaluations without a better primary score; 0: never (needs eval_every_steps).
   config.random_init_baseline = False  # Also fine-tune from random initialisation with the same budget; report both.
-  config.mode = "train"  # train: fine-tune and score dev | predict: write test-set predictions with the fine-tuned checkpoint in predict_from, no training | train_and_predict: both.
+  config.mode = "train"  # train: fine-tune and score dev | predict: write test-set predictions with the fine-tuned checkpoint in predict_from, no training | train_and_predict: both, predicting with the checkpoint of the run's best dev evaluation (a sweep's best run's).
   config.predict_from = ""  # predict mode: a fine-tuning run's checkpoints directory (its latest step) or one step of it; empty: WORKDIR/checkpoints.
   config.predict_file = ""  # The input to predict (SQuAD JSON, CoNLL text, SWAG csv); empty: the task's test files in data_dir (GLUE test.tsv, MNLI test_matched/test_mismatched.tsv and AX; CoNLL test.txt; SWAG test.csv). SQuAD needs it.
   config.predict_dir = ""  # Where prediction files go; empty: WORKDIR/predictions.
