@@ -3,7 +3,8 @@
 Splash runs in Pallas interpret mode on CPU (slow, so the sizes are small);
 its TPU lowering is checked in test_attention_tpu.py. cuDNN needs a GPU; its
 padding-as-lengths call is checked here through the same
-jax.nn.dot_product_attention call with implementation="xla".
+jax.nn.dot_product_attention call with implementation="xla". The flash
+kernels (attention dropout) have test_flash_attention.py.
 """
 
 import jax
@@ -95,11 +96,24 @@ def test_auto_takes_the_platforms_fused_kernel_when_valid():
   assert kernel == "xla" and "model.dtype" in why
 
 
-def test_auto_falls_back_to_xla_for_attention_dropout_in_training_only():
-  kernel, why = _choose("auto", "tpu", dropout=0.1)
-  assert kernel == "xla" and "model.attention_dropout_rate=0.1" in why
+def test_auto_takes_flash_for_attention_dropout_in_training_only():
+  """The paper's configs (attention dropout 0.1) train with flash on TPU and
+  GPU, in any dtype; evaluation (no dropout) keeps splash and cuDNN."""
+  for platform in ("tpu", "gpu"):
+    for dtype in ("bfloat16", "float32"):
+      kernel, why = _choose("auto", platform, dropout=0.1, dtype=dtype)
+      assert kernel == "flash" and "model.attention_dropout_rate=0.1" in why
+  assert _choose("auto", "tpu", dropout=0.1, seq_len=512)[0] == "flash"
   assert _choose("auto", "tpu", dropout=0.1, deterministic=True)[0] == "splash"
   assert _choose("auto", "gpu", dropout=0.1, deterministic=True)[0] == "cudnn"
+  kernel, why = _choose("auto", "tpu", dropout=0.1, seq_len=100)
+  assert kernel == "xla" and "not a multiple of 128: flash" in why
+  assert _choose("auto", "cpu", dropout=0.1)[0] == "xla"
+  for platform in ("tpu", "gpu"):  # Packed rows too.
+    kernel = attention.choose("auto", attention_dropout_rate=0.1, dtype="bfloat16",
+                              platform=platform, seq_len=128, deterministic=False,
+                              packed=True)[0]
+    assert kernel == "flash", platform
 
 
 def test_explicit_kernels_on_the_wrong_platform_or_length_are_refused():
@@ -110,12 +124,15 @@ def test_explicit_kernels_on_the_wrong_platform_or_length_are_refused():
   assert _choose("splash", "tpu", seq_len=96)[0] == "splash"  # Padded to 128.
   assert _choose("splash", "cpu")[0] == "splash"  # Interpret mode, for tests.
   assert _choose("xla", "tpu")[0] == "xla"
+  for platform in ("tpu", "gpu", "cpu"):  # Flash: Mosaic, Triton, interpreted.
+    assert _choose("flash", platform, dropout=0.1, dtype="float32")[0] == "flash"
 
 
-@pytest.mark.parametrize("impl", attention.FUSED)
+@pytest.mark.parametrize("impl", attention.NO_DROPOUT)
 def test_fused_kernel_with_attention_dropout_is_refused_naming_both_fields(impl):
   with pytest.raises(ValueError, match=(rf"model\.attention_impl='{impl}' has no attention "
-                                        r"dropout, but model\.attention_dropout_rate=0\.1")):
+                                        r"dropout, but model\.attention_dropout_rate=0\.1: "
+                                        r".*'flash'")):
     BertConfig(vocab_size=97, attention_impl=impl, attention_dropout_rate=0.1,
                dtype="bfloat16")
   BertConfig(vocab_size=97, attention_impl=impl, attention_dropout_rate=0.0, dtype="bfloat16")

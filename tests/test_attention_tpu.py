@@ -1,11 +1,13 @@
-"""Splash attention lowers and compiles for a TPU slice (ahead of time, on this CPU host).
+"""Splash and flash attention lower and compile for a TPU slice (ahead of
+time, on this CPU host).
 
 Needs libtpu (`pip install "jax[tpu]"`); skipped where it is not installed.
 A child process with JAX_PLATFORMS=cpu compiles a small model's whole train
 step for a v5e 2x2 slice on a data x tensor mesh (heads split over the
 tensor axis through shard_map) and reports whether the compiled program
 holds the Pallas kernels; also for packed rows, whose packed-example ids are
-splash's segment ids.
+the kernels' segment ids. With attention dropout (the paper's 0.1) `auto`
+trains with flash, whose Mosaic kernels draw the dropout mask themselves.
 """
 
 import importlib.util
@@ -42,7 +44,7 @@ def _child(payload) -> dict:
   rules = sharding_lib.rules(base.get_config().mesh)
   config = BertConfig(vocab_size=256, hidden_size=256, num_layers=2, num_heads=4,
                       intermediate_size=512, max_position_embeddings=payload["length"],
-                      attention_dropout_rate=0.0, dtype="bfloat16",
+                      attention_dropout_rate=payload.get("dropout", 0.0), dtype="bfloat16",
                       attention_impl=payload["impl"])
   model = BertForPreTraining(config)
   with sharding_lib.mesh_context(mesh, rules):
@@ -59,9 +61,10 @@ def _child(payload) -> dict:
     lowered = step_lib.jit_train_step(shardings, mesh).lower(state, batch, rng)
     compiled = lowered.compile()
   text = compiled.as_text()
+  lowered_text = lowered.as_text()
   return {"device_kind": devices[0].device_kind,
           "pallas_calls": text.count("tpu_custom_call"),
-          "splash": "splash" in lowered.as_text()}
+          "splash": "splash" in lowered_text, "flash": "flash_dropout" in lowered_text}
 
 
 def _libtpu_path():
@@ -69,9 +72,11 @@ def _libtpu_path():
   return None if spec is None else os.path.dirname(os.path.dirname(spec.origin))
 
 
-@pytest.mark.parametrize("impl,length,packed", [("auto", 128, False), ("splash", 512, False),
-                                               ("xla", 128, False), ("auto", 128, True)])
-def test_train_step_compiles_for_a_tpu_slice(impl, length, packed, tmp_path_factory):
+@pytest.mark.parametrize("impl,length,packed,dropout", [
+    ("auto", 128, False, 0.0), ("splash", 512, False, 0.0), ("xla", 128, False, 0.0),
+    ("auto", 128, True, 0.0), ("auto", 128, False, 0.1), ("auto", 512, True, 0.1),
+    ("flash", 128, False, 0.0)])
+def test_train_step_compiles_for_a_tpu_slice(impl, length, packed, dropout, tmp_path_factory):
   libtpu = _libtpu_path()
   if libtpu is None:
     pytest.skip("libtpu is not installed (pip install 'jax[tpu]')")
@@ -81,16 +86,21 @@ def test_train_step_compiles_for_a_tpu_slice(impl, length, packed, tmp_path_fact
              # and libtpu otherwise lets one process on the machine load it.
              ALLOW_MULTIPLE_LIBTPU_LOAD="1")
   done = subprocess.run(
-      [sys.executable, __file__, json.dumps({"impl": impl, "length": length, "packed": packed})], env=env,
+      [sys.executable, __file__, json.dumps({"impl": impl, "length": length, "packed": packed,
+                                             "dropout": dropout})], env=env,
       capture_output=True, text=True, timeout=600, check=False)
   assert done.returncode == 0, done.stderr[-6000:]
   result = json.loads(done.stdout.strip().splitlines()[-1])
   assert result["device_kind"].startswith("TPU v5")
   if impl == "xla":
     assert result["pallas_calls"] == 0 and not result["splash"], result
+  elif impl == "flash" or dropout:
+    # Flash's forward and its dk/dv pass (with dq, the keys being one block)
+    # in the scanned layer body.
+    assert result["pallas_calls"] >= 2 and result["flash"] and not result["splash"], result
   else:
     # Forward, dq and dkv kernels in each scanned layer body.
-    assert result["pallas_calls"] >= 3 and result["splash"], result
+    assert result["pallas_calls"] >= 3 and result["splash"] and not result["flash"], result
 
 
 if __name__ == "__main__":

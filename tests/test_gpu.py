@@ -1,11 +1,12 @@
-"""cuDNN attention and the pretraining model on a GPU, against XLA attention there;
-packed rows there, against the same examples unpacked.
+"""cuDNN and flash attention and the pretraining model on a GPU, against XLA
+attention there; packed rows there, against the same examples unpacked.
 
 Skipped where JAX has no GPU (CI has none); on a GPU host:
 `python -m pytest tests/test_gpu.py`. test_attention.py checks the same
-jax.nn.dot_product_attention call with implementation="xla" on any backend;
-here cuDNN's own kernel runs, and each test first checks that the compiled
-program calls it.
+jax.nn.dot_product_attention call with implementation="xla" on any backend,
+and test_flash_attention.py the flash kernels (flash_gpu.py) in Pallas
+interpret mode; here cuDNN's own kernel and the Triton-compiled flash
+kernels run, and each test first checks that the program calls them.
 """
 
 import flax.linen as nn
@@ -16,6 +17,7 @@ import pytest
 
 from bertjax.input import packing
 from bertjax.model import attention
+from bertjax.model import dropout
 from bertjax.model.bert import BertForPreTraining
 from bertjax.model.config import BertConfig
 from bertjax.records import schema
@@ -153,4 +155,101 @@ def test_packed_rows_take_xla_attention_and_give_the_unpacked_losses_and_gradien
     assert abs(sums[k] - want_sums[k]) <= 2, k
   flat = lambda tree: np.concatenate([np.ravel(x) for x in jax.tree.leaves(tree)])
   g, w = flat(grads), flat(want_grads)
+  assert np.linalg.norm(g - w) <= TOL * np.linalg.norm(w)
+
+
+# Flash attention with attention dropout (flash_gpu.py, compiled by Triton).
+
+RATE = 0.1
+
+
+def _calls_flash(fn, *args) -> bool:
+  """Whether the program runs the flash kernels (Triton custom calls named
+  flash_dropout_...)."""
+  text = jax.jit(fn).lower(*args).as_text()
+  return "__gpu$xla.gpu.triton" in text and "flash_dropout_forward" in text
+
+
+class _Drawn:
+  """What xla_attention asks of a dropout.Dropout, drawing from a fixed key."""
+
+  def __init__(self, key):
+    self.key, self.rate = key, RATE
+
+  def attention_mask(self, shape):
+    return dropout.attention_keep_mask(self.key, shape, self.rate)
+
+
+def test_flash_kernel_drops_what_attention_keep_mask_drops():
+  """Zero logits and identity values make each output row its row's keep-mask."""
+  length = 128
+  key = jax.random.key(3)
+  q = jnp.zeros((B, length, N, length), jnp.float32)
+  eye = jnp.broadcast_to(jnp.eye(length, dtype=jnp.float32)[:, None, :], q.shape)
+  out = attention.flash_attention(q, q, eye, jnp.ones((B, length), bool), key=key, rate=RATE,
+                                  platform="gpu")
+  want = dropout.attention_keep_mask(key, (B, N, length, length), RATE)
+  np.testing.assert_array_equal(np.asarray(out).transpose(0, 2, 1, 3) > 0, np.asarray(want))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_with_dropout_matches_xla_forward_and_gradient(causal):
+  rng = np.random.default_rng(0)
+  q, k, v, w = (jnp.asarray(rng.normal(size=(B, L, N, H)), jnp.bfloat16) for _ in range(4))
+  mask = jnp.asarray(np.arange(L)[None, :] < np.array(LENGTHS)[:, None])
+  real = mask[:, :, None, None].astype(jnp.bfloat16)
+  key = jax.random.key(5)
+  flash = lambda q, k, v: attention.flash_attention(q, k, v, mask, key=key, rate=RATE,
+                                                    causal=causal, platform="gpu")
+  xla = lambda q, k, v: attention.xla_attention(q, k, v, mask, _Drawn(key),
+                                                deterministic=False, causal=causal)
+  assert _calls_flash(flash, q, k, v)
+
+  def value_and_grads(fn):
+    loss = lambda q, k, v: jnp.sum((fn(q, k, v) * w * real).astype(jnp.float32))
+    out = jax.jit(fn)(q, k, v).astype(jnp.float32)
+    return np.asarray(out), jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+
+  out, grads = value_and_grads(flash)
+  ref, ref_grads = value_and_grads(xla)
+  keep = np.asarray(mask)  # Padded queries attend to padding in flash; none is read.
+  _close(out[keep], ref[keep], "output")
+  for name, g, r in zip("qkv", grads, ref_grads):
+    _close(np.asarray(g.astype(jnp.float32)), np.asarray(r.astype(jnp.float32)), f"d{name}")
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_training_with_attention_dropout_takes_flash_and_gives_xlas_loss_and_gradients(packed):
+  """attention_impl='auto' with the paper's attention dropout trains with flash
+  on a GPU (bf16, packed rows too) and gives the XLA model's loss and
+  gradients on the same parameters, batch and dropout key."""
+  dims = dict(vocab_size=1000, hidden_size=256, num_layers=2, num_heads=4,
+              intermediate_size=1024, max_position_embeddings=L, hidden_dropout_rate=0.1,
+              attention_dropout_rate=RATE, dtype="bfloat16")
+  batch = _batch(dims["vocab_size"], seed=2, longest=L // 2 if packed else L)
+  if packed:
+    p = packing.Packing(max_seq_length=L, max_predictions_per_seq=20, rows=4,
+                        max_examples_per_row=4, max_predictions_per_row=80)
+    row, offset = packing.first_fit(*packing.example_sizes(batch), p, decreasing=True)
+    batch = packing.pack(batch, row, offset, p)
+  batch = {k: jnp.asarray(v) for k, v in batch.items()}
+  models = {impl: BertForPreTraining(BertConfig(**dims, attention_impl=impl))
+            for impl in ("auto", "xla")}
+  params = nn.unbox(models["xla"].init(
+      {"params": jax.random.key(0)}, batch["input_ids"], batch["input_mask"],
+      batch["segment_ids"], batch["masked_lm_positions"])["params"])
+
+  def loss(params, impl):
+    sums = step_lib.loss_sums(params, models[impl].apply, batch, jax.random.key(1),
+                              deterministic=False)
+    return sums["mlm_loss"] / sums["mlm_weight"] + sums["nsp_loss"] / sums["nsp_weight"]
+
+  assert _calls_flash(lambda p: loss(p, "auto"), params)
+  assert not _calls_flash(lambda p: loss(p, "xla"), params)
+  got, got_grads = jax.jit(jax.value_and_grad(loss), static_argnums=1)(params, "auto")
+  want, want_grads = jax.jit(jax.value_and_grad(loss), static_argnums=1)(params, "xla")
+  np.testing.assert_allclose(float(got), float(want), rtol=1e-2)
+  flat = lambda tree: np.concatenate([np.ravel(np.asarray(x, np.float32))
+                                      for x in jax.tree.leaves(tree)])
+  g, w = flat(got_grads), flat(want_grads)
   assert np.linalg.norm(g - w) <= TOL * np.linalg.norm(w)

@@ -144,15 +144,15 @@ def flops_as_xla_counts(model_config, seq_len, num_predictions, batch, attention
 
   XLA counts a loop body once: with scanned layers one of the L - 1 layers
   before the last (which runs outside the loop), with gradient accumulation
-  one micro-batch. Pallas kernels (splash) are custom calls it does not
-  count: the attention matmuls of the layers before the last are left out
-  (the last layer, at a few positions, attends with XLA).
+  one micro-batch. Pallas kernels (splash, flash) are custom calls it does
+  not count: the attention matmuls of the layers before the last are left
+  out (the last layer, at a few positions, attends with XLA).
   """
   c = model_config
   if c.scan_layers:
     c = c.replace(num_layers=min(2, c.num_layers))
   per_seq = flops.train_flops_per_sequence(c, seq_len, num_predictions, num_examples)
-  if attention_kernel == "splash":
+  if attention_kernel in ("splash", "flash"):
     per_seq -= 3 * (c.num_layers - 1) * seq_len * 2 * 2 * seq_len * c.hidden_size
   return per_seq * batch / grad_accum_steps
 
@@ -182,7 +182,8 @@ def aot_compile(config, topology: str, phase_name: str = "",
     rng = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype,
                                sharding=sharding_lib.replicated(mesh))
     t0 = time.perf_counter()
-    step_fn = step_lib.jit_train_step(shardings, mesh, grad_accum_steps=accum)
+    step_fn = step_lib.jit_train_step(shardings, mesh, objective=config.objective,
+                                      grad_accum_steps=accum)
     compiled = step_fn.lower(abstract_state, batch, rng).compile()
     seconds = time.perf_counter() - t0
   mem = compiled.memory_analysis()

@@ -1,33 +1,49 @@
-"""Scaled dot-product attention over BERT's padded sequences, in three kernels.
+"""Scaled dot-product attention over BERT's padded sequences, in four kernels.
 
 - `xla`: plain einsum attention with an fp32 softmax and dropout on the
-  probabilities; runs everywhere.
+  probabilities; runs everywhere, and is the reference of the others.
 - `splash`: the Pallas splash-attention kernel (TPU): a bidirectional
   FullMask, the padding as segment ids (real tokens 1, padding 0, so a real
-  query sees only real keys), lengths padded to a multiple of 128, vmapped over the batch and, under a mesh,
-  run per shard with shard_map (batch over the data axes, heads over the
-  tensor axis). On CPU it runs in Pallas interpret mode, for tests only.
+  query sees only real keys), lengths padded to a multiple of 128, vmapped
+  over the batch and, under a mesh, run per shard with shard_map (batch over
+  the data axes, heads over the tensor axis). On CPU it runs in Pallas
+  interpret mode, for tests only.
 - `cudnn`: cuDNN flash attention through jax.nn.dot_product_attention
   (GPU, bf16/fp16), the padding as per-sequence lengths, which assumes
   right padding (BERT's input_mask is 1...1 0...0).
+- `flash`: flash attention with dropout on the probabilities inside the
+  kernel (Pallas; flash_tpu.py on TPU, flash_gpu.py on GPU through Triton),
+  forward and backward; the padding or packed-example ids as segment ids,
+  lengths padded to a multiple of 128, run per shard with shard_map under a
+  mesh as splash is. Its keep-mask is dropout.attention_keep_mask's, drawn
+  in the kernel from global (batch, head, query, key) indices, so it drops
+  what XLA attention drops for the same key, on any mesh. On CPU it runs the
+  TPU kernel in Pallas interpret mode, for tests only.
 
 With `causal` (a left-to-right model) each query sees only the keys at
 its own position and before: XLA masks the logits, splash takes a
-CausalMask instead of the FullMask and cuDNN `is_causal`. Queries at some
-positions only (the last pretraining layer) are refused with it: the causal
+CausalMask instead of the FullMask, cuDNN `is_causal` and flash masks
+each block's logits (skipping blocks wholly after the queries). Queries at
+some positions only (the last pretraining layer) are refused with it: the causal
 objective predicts at every position.
 
 Packed rows (several examples per row, input/packing.py) give the kernels
 the packed-example ids [B, L] (int, 0 for padding) instead of the boolean
-padding mask: XLA builds the block-diagonal mask from them, splash takes
-them as its segment ids, and cuDNN is refused (jax.nn.dot_product_attention
-takes per-row lengths only; `auto` falls back to XLA). A query subset (the
-last layer) gets a boolean [B, Q, S] mask.
+padding mask: XLA builds the block-diagonal mask from them, splash and
+flash take them as their segment ids, and cuDNN is refused
+(jax.nn.dot_product_attention takes per-row lengths only). A query subset
+(the last layer) gets a boolean [B, Q, S] mask and always runs XLA.
 
-Neither fused kernel has attention dropout. `auto` takes the fused kernel
-of the platform when it is valid for the config and the sequence length,
-and XLA otherwise (always when attention dropout is on in training); it
-logs its choice and the reason once per distinct choice.
+Splash and cuDNN have no attention dropout; flash has. `auto` picks:
+- TPU: flash while attention dropout is on (training with
+  attention_dropout_rate > 0, the paper's configs), splash otherwise
+  (evaluation, or rate 0);
+- GPU: flash while attention dropout is on; otherwise cuDNN in bf16/fp16,
+  and XLA for packed rows or in fp32;
+- CPU: XLA;
+- XLA wherever splash or flash would be picked for a length that is not a
+  multiple of 128 (they would compute on the padding).
+It logs its choice and the reason once per distinct choice.
 
 Shapes in names: B batch, L sequence length, N heads, H head size.
 """
@@ -40,13 +56,16 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bertjax.model import dropout as dropout_lib
 from bertjax.model.dropout import apply_keep_mask
 
-IMPLS = ("auto", "xla", "splash", "cudnn")
-FUSED = ("splash", "cudnn")
-# The platform each fused kernel runs on (splash also on CPU, interpreted).
-PLATFORMS = {"splash": ("tpu", "cpu"), "cudnn": ("gpu",)}
-SPLASH_LANES = 128  # Splash blocks are multiples of this; so must L be.
+IMPLS = ("auto", "xla", "splash", "cudnn", "flash")
+FUSED = ("splash", "cudnn", "flash")
+# The platform each fused kernel runs on (splash and flash also on CPU, interpreted).
+PLATFORMS = {"splash": ("tpu", "cpu"), "cudnn": ("gpu",), "flash": ("tpu", "gpu", "cpu")}
+NO_DROPOUT = ("splash", "cudnn")  # The fused kernels without attention dropout.
+PER_SHARD = ("splash", "flash")  # Run per shard under a mesh (shard_map).
+SPLASH_LANES = 128  # Splash and flash blocks are multiples of this; so must L be.
 SPLASH_MAX_BLOCK = 512
 CUDNN_DTYPES = ("bfloat16", "float16")
 
@@ -72,10 +91,11 @@ def config_problem(impl: str, attention_dropout_rate: float, dtype: str) -> str 
   """Why a fused `impl` cannot run this config (None if it can), naming the fields."""
   if impl not in FUSED:
     return None
-  if attention_dropout_rate > 0:
+  if impl in NO_DROPOUT and attention_dropout_rate > 0:
     return (f"model.attention_impl={impl!r} has no attention dropout, but "
             f"model.attention_dropout_rate={attention_dropout_rate}: set "
-            "model.attention_dropout_rate=0 or model.attention_impl to 'auto' or 'xla'")
+            "model.attention_dropout_rate=0 or model.attention_impl to 'auto', 'flash' or "
+            "'xla'")
   if impl == "cudnn" and dtype not in CUDNN_DTYPES:
     return (f"model.attention_impl='cudnn' needs model.dtype in {CUDNN_DTYPES}, "
             f"got {dtype!r}")
@@ -106,21 +126,30 @@ def choose(impl: str, *, attention_dropout_rate: float, dtype: str, platform: st
     if problem:
       raise ValueError(problem)
     return impl, f"model.attention_impl={impl!r}"
-  if not deterministic and attention_dropout_rate > 0:
-    return "xla", (f"model.attention_dropout_rate={attention_dropout_rate} in training: "
-                   "the fused kernels have no attention dropout")
-  fused = {"tpu": "splash", "gpu": "cudnn"}.get(platform)
-  if packed and fused == "cudnn":
-    return "xla", "packed rows: cuDNN attention takes no packed-example ids"
-  if fused is None:
-    return "xla", f"no fused attention kernel for {platform}"
-  if fused == "splash" and seq_len % SPLASH_LANES:
+  dropout = not deterministic and attention_dropout_rate > 0
+  kernel, reason = _auto(platform, dropout, attention_dropout_rate, dtype, packed)
+  if kernel in ("splash", "flash") and seq_len % SPLASH_LANES:
     return "xla", (f"sequence length {seq_len} is not a multiple of {SPLASH_LANES}: "
-                   "splash would compute on padding")
-  problem = config_problem(fused, 0.0, dtype)
+                   f"{kernel} would compute on padding")
+  return kernel, reason
+
+
+def _auto(platform: str, dropout: bool, rate: float, dtype: str,
+          packed: bool) -> tuple[str, str]:
+  """`auto`'s kernel for a platform, before the length is looked at."""
+  if platform not in ("tpu", "gpu"):
+    return "xla", f"no fused attention kernel for {platform}"
+  if dropout:
+    return "flash", (f"model.attention_dropout_rate={rate} in training: the flash kernel "
+                     "drops out attention probabilities")
+  if platform == "tpu":
+    return "splash", "the fused attention kernel for tpu"
+  if packed:
+    return "xla", "packed rows: cuDNN attention takes no packed-example ids"
+  problem = config_problem("cudnn", 0.0, dtype)
   if problem:
-    return "xla", f"{fused} not usable: {problem}"
-  return fused, f"the fused attention kernel for {platform}"
+    return "xla", f"cudnn not usable: {problem}"
+  return "cudnn", "the fused attention kernel for gpu"
 
 
 def _log_once(kernel: str, reason: str):
@@ -133,7 +162,9 @@ def xla_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, dropout=None,
                   deterministic: bool = True, causal: bool = False):
   """Plain attention with fp32 softmax and (optional) dropout on the probabilities.
 
-  `dropout` is a dropout.Dropout, which draws the keep-mask. Softmax, dropout
+  `dropout` is a dropout.Dropout, which draws the keep-mask
+  (dropout.attention_keep_mask; the dropped fraction is
+  dropout.attention_drop_rate of its rate). Softmax, dropout
   and the product with the values are one function with a written-out
   gradient (probabilities_times_values). With `causal` the logits of later
   keys are the most negative float before the softmax, so those keys get
@@ -149,7 +180,8 @@ def xla_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, dropout=None,
     logits_BxNxLxL = jnp.where(earlier_LxS, logits_BxNxLxL, jnp.finfo(jnp.float32).min)
   keep, rate = None, 0.0
   if dropout is not None and not deterministic and dropout.rate > 0:
-    keep, rate = dropout.mask(logits_BxNxLxL.shape), dropout.rate
+    keep = dropout.attention_mask(logits_BxNxLxL.shape)
+    rate = dropout_lib.attention_drop_rate(dropout.rate)
   return probabilities_times_values(logits_BxNxLxL, v_BxLxNxH, mask_BxL, keep, rate)
 
 
@@ -278,6 +310,74 @@ def splash_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, *, interpret: bo
   return local(q, k, v, seg_BxL).transpose(0, 2, 1, 3)[:, :length]
 
 
+def _shard_index(axes):
+  """This shard's index over mesh `axes` (a name or names, major first; None: 0)."""
+  return 0 if axes is None else jax.lax.axis_index(axes)
+
+
+def _flash_local(q, k, v, seg_BxL, words, *, rate: float, causal: bool, gpu: bool,
+                 interpret: bool, block_sizes, batch_axes=None, head_axes=None):
+  """The flash kernel of the platform over this shard's batch rows and heads,
+  its dropout counters offset to the global row and head."""
+  from bertjax.model import flash_gpu, flash_tpu  # pylint: disable=g-import-not-at-top
+  heads = q.shape[2 if gpu else 1]
+  offsets = jnp.stack([_shard_index(batch_axes) * q.shape[0],
+                       _shard_index(head_axes) * heads]).astype(jnp.int32)
+  seed = jnp.concatenate([words, offsets])
+  scale = 1.0 / math.sqrt(q.shape[-1])
+  if gpu:
+    return flash_gpu.flash_attention(q, k, v, seg_BxL, seed, dropout_rate=rate, causal=causal,
+                                     sm_scale=scale, block_sizes=block_sizes,
+                                     interpret=interpret)
+  return flash_tpu.flash_attention(q, k, v, seg_BxL, seg_BxL, seed, dropout_rate=rate,
+                                   causal=causal, sm_scale=scale, block_sizes=block_sizes,
+                                   interpret=interpret)
+
+
+def flash_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, *, key=None, rate: float = 0.0,
+                    causal: bool = False, platform: str = "tpu", interpret: bool = False,
+                    block_sizes=None):
+  """Flash attention with dropout at `rate` (drawn from `key`; none without
+  one), sharded over batch and heads when a mesh is set.
+
+  mask_BxL (boolean padding mask, or packed-example ids) gives the segment
+  ids. A length that is not a multiple of 128 is padded up to one (segment
+  0) and cut off again; the dropout mask of the real positions stays
+  dropout.attention_keep_mask's. `platform` 'gpu' runs flash_gpu (layout
+  [B, L, N, H]), else flash_tpu (heads-major); `interpret` runs either in
+  Pallas interpret mode; `block_sizes` is that kernel's BlockSizes (None:
+  its default).
+  """
+  length, heads = q_BxLxNxH.shape[1], q_BxLxNxH.shape[2]
+  extra = -length % SPLASH_LANES
+  gpu = platform == "gpu"
+  pad = lambda t: jnp.pad(t, [(0, 0), (0, extra)] + [(0, 0)] * (t.ndim - 2))
+  layout = pad if gpu else (lambda t: pad(t).transpose(0, 2, 1, 3))
+  q, k, v = (layout(t) for t in (q_BxLxNxH, k_BxLxNxH, v_BxLxNxH))
+  rate = rate if key is not None else 0.0
+  if rate:
+    problem = dropout_lib.attention_counter_limit_problem(heads, length + extra, length + extra)
+    if problem:
+      raise ValueError(problem)
+    words = jnp.stack(dropout_lib.attention_key_words(key, jnp.int32))
+  else:
+    words = jnp.zeros((2,), jnp.int32)
+  local = functools.partial(_flash_local, rate=rate, causal=causal, gpu=gpu,
+                            interpret=interpret, block_sizes=block_sizes)
+  mesh = jax.sharding.get_abstract_mesh()
+  if not mesh.empty:
+    logical = (("activation_batch", None, "activation_heads", None) if gpu
+               else ("activation_batch", "activation_heads", None, None))
+    spec = _divisible_spec(nn.logical_to_mesh_axes(logical), q.shape, mesh)
+    local = jax.shard_map(
+        functools.partial(local, batch_axes=spec[0], head_axes=spec[2 if gpu else 1]),
+        in_specs=(spec, spec, spec, jax.sharding.PartitionSpec(spec[0], None),
+                  jax.sharding.PartitionSpec()),
+        out_specs=spec, check_vma=False)
+  out = local(q, k, v, pad(mask_BxL.astype(jnp.int32)), words)
+  return (out if gpu else out.transpose(0, 2, 1, 3))[:, :length]
+
+
 def cudnn_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, *, implementation="cudnn",
                     causal: bool = False):
   """jax.nn.dot_product_attention with the padding given as sequence lengths.
@@ -324,6 +424,12 @@ def attend(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, *, impl: str,
                             interpret=platform == "cpu", causal=causal)
   if kernel == "cudnn":
     return cudnn_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, causal=causal)
+  if kernel == "flash":
+    drop = dropout is not None and not deterministic and attention_dropout_rate > 0
+    return flash_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL,
+                           key=dropout.key() if drop else None,
+                           rate=attention_dropout_rate if drop else 0.0, causal=causal,
+                           platform=platform, interpret=platform == "cpu")
   if packed:
     mask_BxL = packed_mask(mask_BxL, mask_BxL)
   return xla_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, dropout, deterministic,

@@ -38,9 +38,11 @@ class BertConfig:
   # What each layer keeps for the backward pass: none (keep everything),
   # full (recompute everything), dots, dots_no_batch (keep matmul outputs).
   remat_policy: str = "none"
-  # xla | splash (Pallas, TPU) | cudnn (GPU, bf16/fp16) | auto: the platform's
-  # fused kernel when valid, XLA otherwise and whenever attention dropout is
-  # on in training (the fused kernels have none); see model/attention.py.
+  # xla | splash (Pallas, TPU; no attention dropout) | cudnn (GPU, bf16/fp16;
+  # no attention dropout) | flash (Pallas, TPU and GPU, with attention
+  # dropout) | auto: on TPU and GPU flash while attention dropout is on in
+  # training, else splash or cuDNN where valid, XLA otherwise; see
+  # model/attention.py.
   attention_impl: str = "auto"
   # Each token attends only to itself and the tokens before it (a left-to-
   # right model: the paper's "LTR & No NSP" ablation). Every attention

@@ -112,22 +112,23 @@ def phase_at(plan: list[Phase], step: int) -> Phase:
 
 
 def _check_splash_heads(model: BertConfig, plan: list[Phase], tensor: int, platform: str):
-  """Refuses splash attention where the tensor axis does not divide the heads.
+  """Refuses splash and flash attention where the tensor axis does not divide the heads.
 
-  Splash runs per shard (attention.splash_attention); heads that do not
-  split evenly over the tensor axis are left whole, so every tensor shard
-  would compute every head. 'splash' is refused outright; 'auto' wherever it
-  would pick splash on `platform` (attention.choose): in training, and in
-  evaluation for phases with eval_files.
+  Both run per shard (attention.PER_SHARD); heads that do not split evenly
+  over the tensor axis are left whole, so every tensor shard would compute
+  every head. 'splash' and 'flash' are refused outright; 'auto' wherever it
+  would pick one of them on `platform` (attention.choose): in training, and
+  in evaluation for phases with eval_files.
   """
   if model.num_heads % tensor == 0:
     return
   fix = (f"set mesh.tensor to a divisor of {model.num_heads}, or "
          "model.attention_impl='xla'")
   problem = (f"{model.num_heads} heads do not split over the mesh.tensor={tensor} tensor "
-             "shards, so splash attention would compute every head on every tensor shard")
-  if model.attention_impl == "splash":
-    _fail("model.num_heads", f"{problem} (model.attention_impl='splash'): {fix}")
+             "shards, so {} attention would compute every head on every tensor shard")
+  if model.attention_impl in attention.PER_SHARD:
+    _fail("model.num_heads", f"{problem.format(model.attention_impl)} "
+          f"(model.attention_impl={model.attention_impl!r}): {fix}")
   if model.attention_impl != "auto":
     return
   for p in plan:
@@ -137,9 +138,10 @@ def _check_splash_heads(model: BertConfig, plan: list[Phase], tensor: int, platf
       kernel, _ = attention.choose(
           "auto", attention_dropout_rate=model.attention_dropout_rate, dtype=model.dtype,
           platform=platform, seq_len=p.max_seq_length, deterministic=deterministic)
-      if kernel == "splash":
-        _fail("model.num_heads", f"{problem} (model.attention_impl='auto' picks splash on "
-              f"{platform} for {use} at phase {p.name}'s length {p.max_seq_length}): {fix}")
+      if kernel in attention.PER_SHARD:
+        _fail("model.num_heads", f"{problem.format(kernel)} (model.attention_impl='auto' "
+              f"picks {kernel} on {platform} for {use} at phase {p.name}'s length "
+              f"{p.max_seq_length}): {fix}")
 
 
 def model_overrides(objective: str) -> dict[str, bool]:
@@ -260,6 +262,11 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: Optional[int] = 
   if config.model.get("causal", False) and objective != "ltr":
     _fail("model.causal", f"True needs objective='ltr' (the left-to-right model), got "
           f"objective={objective!r}; the objective sets it, so leave it False")
+  if objective == "ltr" and config.data.get("dynamic_masking", False):
+    _fail("data.dynamic_masking", "objective='ltr' trains on every next token of its "
+          "records as they are, so masking them would make [MASK] and random tokens its "
+          "targets: set data.dynamic_masking=False (configs/modern.py sets it True), or "
+          "another objective")
   if objective == "ltr" and config.data.get("packing", False):
     _fail("data.packing", "objective='ltr' predicts each row's next tokens, which would "
           "cross from one packed example into the next: set data.packing=False")
@@ -291,6 +298,8 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: Optional[int] = 
     _fail("checkpoint.every_steps", "must be at least 1")
   if config.logging.every_steps < 1:
     _fail("logging.every_steps", "must be at least 1")
+  if config.logging.eval_batches < 0:
+    _fail("logging.eval_batches", "must be 0 (the whole eval set) or more")
   dp = None
   ici_dcn = (int(config.mesh.tensor), int(getattr(config.mesh, "dcn_tensor", 1)))
   tensor = math.prod(ici_dcn) if min(ici_dcn) > 0 else -1  # -1 while the device count is unknown.
