@@ -134,7 +134,7 @@ def test_packed_splash_in_interpret_mode_equals_xla():
 
 
 def test_cudnn_refuses_packed_rows_and_auto_falls_back():
-  with pytest.raises(ValueError, match="attention_impl='cudnn' cannot keep packed"):
+  with pytest.raises(ValueError, match="attention_impl='cudnn' does not take packed rows"):
     attention.choose("cudnn", attention_dropout_rate=0.0, dtype="bfloat16", platform="gpu",
                      seq_len=128, deterministic=True, packed=True)
   kernel, reason = attention.choose("auto", attention_dropout_rate=0.0, dtype="bfloat16",

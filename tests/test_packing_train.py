@@ -127,8 +127,8 @@ def test_benchmark_compiles_for_the_batch_the_pipeline_yields(dataset, packed):
 
 BAD = {
     "cudnn": ({"model.attention_impl": "cudnn", "model.dtype": "bfloat16"},
-              r"--config\.model\.attention_impl: model\.attention_impl='cudnn' cannot keep "
-              "packed examples apart"),
+              r"--config\.model\.attention_impl: model\.attention_impl='cudnn' does not take "
+              "packed rows"),
     "synthetic": ({"data.source": "synthetic"}, r"--config\.data\.packing: packs records"),
     "chunk": ({"data.packing_chunk_steps": 0},
               r"--config\.data\.packing_chunk_steps: must be at least 1"),

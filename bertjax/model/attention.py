@@ -31,7 +31,8 @@ Packed rows (several examples per row, input/packing.py) give the kernels
 the packed-example ids [B, L] (int, 0 for padding) instead of the boolean
 padding mask: XLA builds the block-diagonal mask from them, splash and
 flash take them as their segment ids, and cuDNN is refused
-(jax.nn.dot_product_attention takes per-row lengths only). A query subset
+(jax.nn.dot_product_attention takes per-row lengths or a dense mask, but no
+segment ids; bertjax passes it lengths). A query subset
 (the last layer) gets a boolean [B, Q, S] mask and always runs XLA.
 
 Splash and cuDNN have no attention dropout; flash has. `auto` picks:
@@ -69,10 +70,11 @@ SPLASH_LANES = 128  # Splash and flash blocks are multiples of this; so must L b
 SPLASH_MAX_BLOCK = 512
 CUDNN_DTYPES = ("bfloat16", "float16")
 
-PACKED_CUDNN = ("model.attention_impl='cudnn' cannot keep packed examples apart "
-                "(jax.nn.dot_product_attention takes one length per row, no "
-                "packed-example ids): set model.attention_impl to 'auto' or 'xla', or "
-                "data.packing=False")
+PACKED_CUDNN = ("model.attention_impl='cudnn' does not take packed rows: "
+                "jax.nn.dot_product_attention has no segment (packed-example) ids, and "
+                "bertjax's cuDNN path passes per-row lengths, not a dense [B, L, L] mask "
+                "(a bias the size of the logits): set model.attention_impl to 'auto' or "
+                "'xla', or data.packing=False")
 
 _logged: set[tuple[str, str]] = set()
 
