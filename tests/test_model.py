@@ -370,7 +370,7 @@ def test_every_parameter_has_logical_axis_names(scan_layers):
     (dict(hidden_dropout_rate=1.0), r"model\.hidden_dropout_rate"),
     (dict(attention_dropout_rate=-0.1), r"model\.attention_dropout_rate"),
     (dict(remat_policy="some"), r"model\.remat_policy: 'some' is not one of"),
-    (dict(attention_impl="flash"), r"model\.attention_impl"),
+    (dict(attention_impl="fused"), r"model\.attention_impl: 'fused' is not one of"),
     (dict(dtype="float33"), r"model\.dtype"),
 ])
 def test_config_validation_names_the_field(changes, pattern):

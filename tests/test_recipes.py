@@ -31,11 +31,17 @@ def test_downstream_budget_names_the_bad_flag(tmp_path):
   }
   for specs, message in cases.items():
     with pytest.raises(SystemExit, match=message):
-      downstream_budget._checkpoints(list(specs), str(tmp_path), random_init=False)
+      downstream_budget._checkpoints(list(specs), str(tmp_path), random_init=False,
+                                     segment_b_inits=[])
   with pytest.raises(SystemExit, match="at least one --checkpoint"):
-    downstream_budget._checkpoints([], str(tmp_path), random_init=False)
-  got = downstream_budget._checkpoints(["p=paper"], str(tmp_path), random_init=True)
-  assert got == {"p": str(tmp_path / "paper"), "random init": ""}
+    downstream_budget._checkpoints([], str(tmp_path), random_init=False, segment_b_inits=[])
+  got = downstream_budget._checkpoints(["p=paper"], str(tmp_path), random_init=True,
+                                       segment_b_inits=[])
+  assert got == {"p": (str(tmp_path / "paper"), None), "random init": ("", None)}
+  got = downstream_budget._checkpoints(["p=paper"], str(tmp_path), random_init=False,
+                                       segment_b_inits=["keep", "copy_a"])
+  assert got == {"p [keep]": (str(tmp_path / "paper"), "keep"),
+                 "p [copy_a]": (str(tmp_path / "paper"), "copy_a")}
 
 
 def test_time_to_quality_modern_lr_scale_sets_the_modern_rate_only():
