@@ -322,11 +322,12 @@ def _flash_local(q, k, v, seg_BxL, words, *, rate: float, causal: bool, gpu: boo
   """The flash kernel of the platform over this shard's batch rows and heads,
   its dropout counters offset to the global row and head."""
   from bertjax.model import flash_gpu, flash_tpu  # pylint: disable=g-import-not-at-top
-  heads = q.shape[2 if gpu else 1]
+  # flash_gpu's layout is [B, L, N, H], flash_tpu's [B, N, H, L].
+  heads, head_dim = (q.shape[2], q.shape[3]) if gpu else (q.shape[1], q.shape[2])
   offsets = jnp.stack([_shard_index(batch_axes) * q.shape[0],
                        _shard_index(head_axes) * heads]).astype(jnp.int32)
   seed = jnp.concatenate([words, offsets])
-  scale = 1.0 / math.sqrt(q.shape[-1])
+  scale = 1.0 / math.sqrt(head_dim)
   if gpu:
     return flash_gpu.flash_attention(q, k, v, seg_BxL, seed, dropout_rate=rate, causal=causal,
                                      sm_scale=scale, block_sizes=block_sizes,
@@ -346,16 +347,18 @@ def flash_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, *, key=None, rate
   ids. A length that is not a multiple of 128 is padded up to one (segment
   0) and cut off again; the dropout mask of the real positions stays
   dropout.attention_keep_mask's. `platform` 'gpu' runs flash_gpu (layout
-  [B, L, N, H]), else flash_tpu (heads-major); `interpret` runs either in
-  Pallas interpret mode; `block_sizes` is that kernel's BlockSizes (None:
-  its default).
+  [B, L, N, H]), else flash_tpu (q, k and v positions-minor);
+  `interpret` runs either in Pallas interpret mode; `block_sizes` is that
+  kernel's BlockSizes (None: its default).
   """
   length, heads = q_BxLxNxH.shape[1], q_BxLxNxH.shape[2]
   extra = -length % SPLASH_LANES
   gpu = platform == "gpu"
   pad = lambda t: jnp.pad(t, [(0, 0), (0, extra)] + [(0, 0)] * (t.ndim - 2))
-  layout = pad if gpu else (lambda t: pad(t).transpose(0, 2, 1, 3))
-  q, k, v = (layout(t) for t in (q_BxLxNxH, k_BxLxNxH, v_BxLxNxH))
+  if gpu:
+    q, k, v = (pad(t) for t in (q_BxLxNxH, k_BxLxNxH, v_BxLxNxH))
+  else:  # flash_tpu: positions-minor [B, N, H, L].
+    q, k, v = (pad(t).transpose(0, 2, 3, 1) for t in (q_BxLxNxH, k_BxLxNxH, v_BxLxNxH))
   rate = rate if key is not None else 0.0
   if rate:
     problem = dropout_lib.attention_counter_limit_problem(heads, length + extra, length + extra)
@@ -377,6 +380,7 @@ def flash_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, *, key=None, rate
                   jax.sharding.PartitionSpec()),
         out_specs=spec, check_vma=False)
   out = local(q, k, v, pad(mask_BxL.astype(jnp.int32)), words)
+  # flash_tpu's output is heads-major, [B, N, L, H].
   return (out if gpu else out.transpose(0, 2, 1, 3))[:, :length]
 
 

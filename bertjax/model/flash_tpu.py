@@ -20,8 +20,11 @@
 
 """Flash attention with dropout on the probabilities, for TPU (Pallas, Mosaic).
 
-`flash_attention(q, k, v, q_segment_ids, kv_segment_ids, seed, ...)` over
-heads-major [B, N, L, H] arrays. A query sees the keys of its own segment
+`flash_attention(q, k, v, q_segment_ids, kv_segment_ids, seed, ...)` with
+q, k and v positions-minor ([B, N, H, L]): held so, the queries, keys and
+values a layer keeps for the backward pass (scanned layers stack them) need
+no padding of a head size below 128 lanes, which a heads-major [B, N, L, H]
+layout gets on TPU (twice the bytes at H = 64). A query sees the keys of its own segment
 id (and with `causal` none after it). With `dropout_rate` > 0 each
 probability is dropped where dropout.attention_keep_mask would drop it for
 the array [B, N, Q, K] at the global batch row seed[2] + b and head
@@ -51,6 +54,7 @@ from bertjax.model import dropout
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 NUM_LANES = 128
 NUM_SUBLANES = 8
+TRANS_A = (((0,), (0,)), ((), ()))  # x.T @ y
 TRANS_B = (((1,), (1,)), ((), ()))  # x @ y.T
 
 
@@ -89,14 +93,14 @@ class _Static:
 def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, seed, *,
                     dropout_rate: float = 0.0, causal: bool = False, sm_scale: float = 1.0,
                     block_sizes: BlockSizes | None = None, interpret: bool = False):
-  """softmax(q k^T * sm_scale, masked) dropped out, times v: [B, N, Q, H].
+  """softmax(q^T k * sm_scale, masked) dropped out, times v^T: [B, N, Q, H].
 
-  q [B, N, Q, H], k and v [B, N, K, H]; segment ids [B, Q] and [B, K]
+  q [B, N, H, Q], k and v [B, N, H, K]; segment ids [B, Q] and [B, K]
   (int32); seed int32 [4]: the dropout key's two words
   (dropout.attention_key_words), the global index of batch row 0 and of
   head 0 (shards of a larger array).
   """
-  heads, q_len, k_len = q.shape[1], q.shape[2], k.shape[2]
+  heads, q_len, k_len = q.shape[1], q.shape[3], k.shape[3]
   blocks = block_sizes or BlockSizes.for_length(k_len)
   _check(blocks, q_len, k_len, dropout_rate)
   problem = dropout.attention_counter_limit_problem(heads, q_len, k_len)
@@ -131,12 +135,13 @@ def _flash_fwd(q, k, v, q_ids, kv_ids, seed, static):
 def _flash_bwd(static, residuals, d_out):
   q, k, v, q_ids, kv_ids, seed, out, lse = residuals
   di = jnp.sum(out.astype(jnp.float32) * d_out.astype(jnp.float32), axis=-1)
-  if static.blocks.block_k_dkv == k.shape[2]:
+  if static.blocks.block_k_dkv == k.shape[3]:
     dq, dk, dv = _backward(q, k, v, q_ids, kv_ids, seed, lse, d_out, di, static, with_dq=True)
   else:
     dk, dv = _backward(q, k, v, q_ids, kv_ids, seed, lse, d_out, di, static, with_dq=False)
     dq = _backward_dq(q, k, v, q_ids, kv_ids, seed, lse, d_out, di, static)
-  return dq, dk, dv, None, None, None
+  # dq comes heads-major ([B, N, Q, H]), like the output.
+  return dq.swapaxes(2, 3), dk, dv, None, None, None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -154,9 +159,10 @@ def _below_or_on_diagonal(q_block, block_q, k_block, block_k):
   return (q_block + 1) * block_q - 1 >= k_block * block_k
 
 
-def _logits(q, k, q_ids_Rx128, kv_ids_1xC, q_start, k_start, static):
-  """Scaled logits of a block with the keys a query may not see at MASK_VALUE."""
-  s = lax.dot_general(q, k, TRANS_B, preferred_element_type=jnp.float32) * static.sm_scale
+def _logits(q_HxR, k_HxC, q_ids_Rx128, kv_ids_1xC, q_start, k_start, static):
+  """Scaled logits [R, C] of a block with the keys a query may not see at MASK_VALUE."""
+  s = lax.dot_general(q_HxR, k_HxC, TRANS_A, preferred_element_type=jnp.float32)
+  s = s * static.sm_scale
   visible = _lanes(q_ids_Rx128, s.shape[1]) == kv_ids_1xC
   if static.causal:
     row = lax.broadcasted_iota(jnp.int32, s.shape, 0) + q_start
@@ -197,8 +203,8 @@ def _keep_scale(static) -> float:
 
 def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, q_ids_ref, kv_ids_ref, o_ref, lse_ref,
                     m_scratch, l_scratch, acc_scratch, *, static, q_len, k_len):
-  block_q, head_dim = q_ref.shape[2:]
-  block_k = k_ref.shape[2]
+  head_dim, block_q = q_ref.shape[2:]
+  block_k = k_ref.shape[3]
   q_block, k_block = pl.program_id(2), pl.program_id(3)
   where = _global_row_and_head(seed_ref)
 
@@ -225,9 +231,9 @@ def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, q_ids_ref, kv_ids_ref, o_ref,
     if static.dropout_rate:
       keep = _keep(seed_ref, where, q_start, k_start, p.shape, static, q_len, k_len)
       p = jnp.where(keep, p, 0.0)
-    v = v_ref[0, 0]
-    acc_scratch[...] = acc_scratch[...] * _lanes(alpha, head_dim) + lax.dot(
-        p.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    v_HxC = v_ref[0, 0]
+    acc_scratch[...] = acc_scratch[...] * _lanes(alpha, head_dim) + lax.dot_general(
+        p.astype(v_HxC.dtype), v_HxC, TRANS_B, preferred_element_type=jnp.float32)
 
   @pl.when(k_block == pl.num_programs(3) - 1)
   def finish():
@@ -266,19 +272,20 @@ def _call(name, kernel, grid, in_specs, out_specs, out_shape, scratch, static, *
 
 
 def _forward(q, k, v, q_ids, kv_ids, seed, static):
-  batch, heads, q_len, head_dim = q.shape
-  k_len = k.shape[2]
+  batch, heads, head_dim, q_len = q.shape
+  k_len = k.shape[3]
   bq, bk = static.blocks.block_q, static.blocks.block_k
   grid = (batch, heads, q_len // bq, k_len // bk)
-  q_spec = pl.BlockSpec((1, 1, bq, head_dim), lambda b, n, i, j, _: (b, n, i, 0))
-  kv_spec = pl.BlockSpec((1, 1, bk, head_dim), lambda b, n, i, j, _: (b, n, j, 0))
+  q_spec = pl.BlockSpec((1, 1, head_dim, bq), lambda b, n, i, j, _: (b, n, 0, i))
+  kv_spec = pl.BlockSpec((1, 1, head_dim, bk), lambda b, n, i, j, _: (b, n, 0, j))
+  out_spec = pl.BlockSpec((1, 1, bq, head_dim), lambda b, n, i, j, _: (b, n, i, 0))
   lse_spec = pl.BlockSpec((1, 1, bq, NUM_LANES), lambda b, n, i, j, _: (b, n, i, 0))
   segment_specs = _segment_specs(bq, bk, lambda b, n, i, j, _: i, lambda b, n, i, j, _: j)
   kernel = functools.partial(_forward_kernel, static=static, q_len=q_len, k_len=k_len)
   out, lse = _call(
       "flash_dropout_forward", kernel, grid, [q_spec, kv_spec, kv_spec, *segment_specs],
-      [q_spec, lse_spec],
-      [jax.ShapeDtypeStruct(q.shape, q.dtype),
+      [out_spec, lse_spec],
+      [jax.ShapeDtypeStruct((batch, heads, q_len, head_dim), q.dtype),
        jax.ShapeDtypeStruct((batch, heads, q_len, NUM_LANES), jnp.float32)],
       [pltpu.VMEM((bq, NUM_LANES), jnp.float32), pltpu.VMEM((bq, NUM_LANES), jnp.float32),
        pltpu.VMEM((bq, head_dim), jnp.float32)],
@@ -290,11 +297,12 @@ def _forward(q, k, v, q_ids, kv_ids, seed, static):
 
 def _block_gradients(seed_ref, where, q, k, v, d_out, lse, di, q_ids, kv_ids, q_start, k_start,
                      static, q_len, k_len):
-  """(dropped probabilities, d logits) of a block, both [block_q, block_k] fp32."""
+  """(dropped probabilities, d logits) of a block, both [block_q, block_k] fp32;
+  q, k and v are [H, block]."""
   s = _logits(q, k, q_ids, kv_ids, q_start, k_start, static)
   width = s.shape[1]
   p = jnp.exp(s - _lanes(lse, width))
-  dp = lax.dot_general(d_out, v, TRANS_B, preferred_element_type=jnp.float32)
+  dp = lax.dot(d_out, v, preferred_element_type=jnp.float32)
   dropped = p
   if static.dropout_rate:
     keep = _keep(seed_ref, where, q_start, k_start, p.shape, static, q_len, k_len)
@@ -311,7 +319,7 @@ def _dkv_kernel(seed_ref, q_ref, k_ref, v_ref, q_ids_ref, kv_ids_ref, lse_ref, d
     dq_ref, dk_ref, dv_ref, dk_scratch, dv_scratch = refs
   else:
     dk_ref, dv_ref, dk_scratch, dv_scratch = refs
-  block_q, block_k = q_ref.shape[2], k_ref.shape[2]
+  block_q, block_k = q_ref.shape[3], k_ref.shape[3]
   k_block, q_block = pl.program_id(2), pl.program_id(3)
   where = _global_row_and_head(seed_ref)
 
@@ -329,12 +337,13 @@ def _dkv_kernel(seed_ref, q_ref, k_ref, v_ref, q_ids_ref, kv_ids_ref, lse_ref, d
     dropped, ds = _block_gradients(
         seed_ref, where, q, k, v_ref[0, 0], d_out, lse_ref[0, 0], di_ref[0, 0], q_ids_ref[0],
         kv_ids_ref[0, :1], q_block * block_q, k_block * block_k, static, q_len, k_len)
-    dv_scratch[...] += lax.dot(dropped.T.astype(d_out.dtype), d_out,
-                               preferred_element_type=jnp.float32)
-    dk_scratch[...] += lax.dot(ds.T.astype(q.dtype), q, preferred_element_type=jnp.float32)
+    # dk and dv positions-minor, [H, block_k], as k and v.
+    dv_scratch[...] += lax.dot_general(d_out, dropped.astype(d_out.dtype), TRANS_A,
+                                       preferred_element_type=jnp.float32)
+    dk_scratch[...] += lax.dot(q, ds.astype(q.dtype), preferred_element_type=jnp.float32)
     if with_dq:  # The keys are one block: this block's dq is whole.
-      dq_ref[0, 0] = lax.dot(ds.astype(k.dtype), k,
-                             preferred_element_type=jnp.float32).astype(dq_ref.dtype)
+      dq_ref[0, 0] = lax.dot_general(ds.astype(k.dtype), k, TRANS_B,
+                                     preferred_element_type=jnp.float32).astype(dq_ref.dtype)
 
   @pl.when(q_block == pl.num_programs(3) - 1)
   def finish():
@@ -347,34 +356,36 @@ def _lane_rows(x_BxNxQ):
 
 
 def _backward(q, k, v, q_ids, kv_ids, seed, lse, d_out, di, static, *, with_dq):
-  """dk and dv (and, with_dq, dq) over a grid whose last axis runs over the queries."""
-  batch, heads, q_len, head_dim = q.shape
-  k_len = k.shape[2]
+  """dk and dv (and, with_dq, dq [B, N, Q, H]) over a grid whose last axis runs
+  over the queries."""
+  batch, heads, head_dim, q_len = q.shape
+  k_len = k.shape[3]
   bq, bk = static.blocks.block_q_dkv, static.blocks.block_k_dkv
   grid = (batch, heads, k_len // bk, q_len // bq)
-  q_spec = pl.BlockSpec((1, 1, bq, head_dim), lambda b, n, j, i, _: (b, n, i, 0))
-  kv_spec = pl.BlockSpec((1, 1, bk, head_dim), lambda b, n, j, i, _: (b, n, j, 0))
-  row_spec = pl.BlockSpec((1, 1, bq, NUM_LANES), lambda b, n, j, i, _: (b, n, i, 0))
+  q_spec = pl.BlockSpec((1, 1, head_dim, bq), lambda b, n, j, i, _: (b, n, 0, i))
+  kv_spec = pl.BlockSpec((1, 1, head_dim, bk), lambda b, n, j, i, _: (b, n, 0, j))
+  rows_spec = pl.BlockSpec((1, 1, bq, head_dim), lambda b, n, j, i, _: (b, n, i, 0))
+  lanes_spec = pl.BlockSpec((1, 1, bq, NUM_LANES), lambda b, n, j, i, _: (b, n, i, 0))
   segment_specs = _segment_specs(bq, bk, lambda b, n, j, i, _: i, lambda b, n, j, i, _: j)
   out_specs = [kv_spec, kv_spec]
   out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
   if with_dq:
-    out_specs.insert(0, q_spec)
-    out_shape.insert(0, jax.ShapeDtypeStruct(q.shape, q.dtype))
+    out_specs.insert(0, rows_spec)
+    out_shape.insert(0, jax.ShapeDtypeStruct((batch, heads, q_len, head_dim), q.dtype))
   kernel = functools.partial(_dkv_kernel, static=static, q_len=q_len, k_len=k_len,
                              with_dq=with_dq)
   return _call(
       "flash_dropout_dkv", kernel, grid,
-      [q_spec, kv_spec, kv_spec, *segment_specs, row_spec, q_spec, row_spec],
+      [q_spec, kv_spec, kv_spec, *segment_specs, lanes_spec, rows_spec, lanes_spec],
       out_specs, out_shape,
-      [pltpu.VMEM((bk, head_dim), jnp.float32), pltpu.VMEM((bk, head_dim), jnp.float32)],
+      [pltpu.VMEM((head_dim, bk), jnp.float32), pltpu.VMEM((head_dim, bk), jnp.float32)],
       static, seed, q, k, v, *_segment_arrays(q_ids, kv_ids), _lane_rows(lse), d_out,
       _lane_rows(di))
 
 
 def _dq_kernel(seed_ref, q_ref, k_ref, v_ref, q_ids_ref, kv_ids_ref, lse_ref, do_ref, di_ref,
                dq_ref, dq_scratch, *, static, q_len, k_len):
-  block_q, block_k = q_ref.shape[2], k_ref.shape[2]
+  block_q, block_k = q_ref.shape[3], k_ref.shape[3]
   q_block, k_block = pl.program_id(2), pl.program_id(3)
   where = _global_row_and_head(seed_ref)
 
@@ -392,7 +403,8 @@ def _dq_kernel(seed_ref, q_ref, k_ref, v_ref, q_ids_ref, kv_ids_ref, lse_ref, do
         seed_ref, where, q_ref[0, 0], k, v_ref[0, 0], do_ref[0, 0], lse_ref[0, 0], di_ref[0, 0],
         q_ids_ref[0], kv_ids_ref[0, :1], q_block * block_q, k_block * block_k, static,
         q_len, k_len)
-    dq_scratch[...] += lax.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
+    dq_scratch[...] += lax.dot_general(ds.astype(k.dtype), k, TRANS_B,
+                                       preferred_element_type=jnp.float32)
 
   @pl.when(k_block == pl.num_programs(3) - 1)
   def finish():
@@ -400,20 +412,21 @@ def _dq_kernel(seed_ref, q_ref, k_ref, v_ref, q_ids_ref, kv_ids_ref, lse_ref, do
 
 
 def _backward_dq(q, k, v, q_ids, kv_ids, seed, lse, d_out, di, static):
-  """dq over a grid whose last axis runs over the keys (several key blocks)."""
-  batch, heads, q_len, head_dim = q.shape
-  k_len = k.shape[2]
+  """dq [B, N, Q, H] over a grid whose last axis runs over the keys (several key blocks)."""
+  batch, heads, head_dim, q_len = q.shape
+  k_len = k.shape[3]
   bq, bk = static.blocks.block_q_dq, static.blocks.block_k_dq
   grid = (batch, heads, q_len // bq, k_len // bk)
-  q_spec = pl.BlockSpec((1, 1, bq, head_dim), lambda b, n, i, j, _: (b, n, i, 0))
-  kv_spec = pl.BlockSpec((1, 1, bk, head_dim), lambda b, n, i, j, _: (b, n, j, 0))
-  row_spec = pl.BlockSpec((1, 1, bq, NUM_LANES), lambda b, n, i, j, _: (b, n, i, 0))
+  q_spec = pl.BlockSpec((1, 1, head_dim, bq), lambda b, n, i, j, _: (b, n, 0, i))
+  kv_spec = pl.BlockSpec((1, 1, head_dim, bk), lambda b, n, i, j, _: (b, n, 0, j))
+  rows_spec = pl.BlockSpec((1, 1, bq, head_dim), lambda b, n, i, j, _: (b, n, i, 0))
+  lanes_spec = pl.BlockSpec((1, 1, bq, NUM_LANES), lambda b, n, i, j, _: (b, n, i, 0))
   segment_specs = _segment_specs(bq, bk, lambda b, n, i, j, _: i, lambda b, n, i, j, _: j)
   kernel = functools.partial(_dq_kernel, static=static, q_len=q_len, k_len=k_len)
   return _call(
       "flash_dropout_dq", kernel, grid,
-      [q_spec, kv_spec, kv_spec, *segment_specs, row_spec, q_spec, row_spec], q_spec,
-      jax.ShapeDtypeStruct(q.shape, q.dtype),
+      [q_spec, kv_spec, kv_spec, *segment_specs, lanes_spec, rows_spec, lanes_spec], rows_spec,
+      jax.ShapeDtypeStruct((batch, heads, q_len, head_dim), q.dtype),
       [pltpu.VMEM((bq, head_dim), jnp.float32)],
       static, seed, q, k, v, *_segment_arrays(q_ids, kv_ids), _lane_rows(lse), d_out,
       _lane_rows(di))
