@@ -18,7 +18,7 @@ import sys
 from absl import app
 from absl import flags
 
-from bertjax.train import usage
+from bertjax.train import cli
 
 _INPUT_FILE = flags.DEFINE_string(
     "input_file", None, "Input text files: comma-separated globs, local or "
@@ -161,7 +161,7 @@ def _parse_flags(argv):
 
 def run():
   """Console-script entry point (bertjax-create-data)."""
-  usage.run(main, flags_parser=_parse_flags)
+  cli.run(main, flags_parser=_parse_flags)
 
 
 if __name__ == "__main__":

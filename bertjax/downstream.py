@@ -17,7 +17,7 @@ import ml_collections
 from bertjax.convert import weights
 from bertjax.records import fileio
 from bertjax.tasks import loop
-from bertjax.tasks import predictions
+from bertjax.tasks import submissions
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -84,9 +84,9 @@ def _run(config, workdir: str) -> dict:
   test-set files from the checkpoint that earned the run's best dev score,
   loop.prediction_checkpoint; a sweep's best run's, a random_init_baseline's
   pretrained run's)."""
-  predictions.check_mode(config)
+  submissions.check_mode(config)
   if config.mode == "predict":
-    return predictions.predict_test(config, workdir)
+    return submissions.predict_test(config, workdir)
   loader = weights.finetuning_loader(config.segment_b_init)
   # The run to predict with: its best evaluation and its workdir.
   if config.sweep.enabled:
@@ -103,7 +103,7 @@ def _run(config, workdir: str) -> dict:
     predict_config = ml_collections.ConfigDict(config.to_dict())
     predict_config.predict_from = (config.predict_from
                                    or loop.prediction_checkpoint(best, run_dir))
-    result = dict(result, test=predictions.predict_test(predict_config, workdir))
+    result = dict(result, test=submissions.predict_test(predict_config, workdir))
   return result
 
 

@@ -17,9 +17,9 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from bertjax.convert import pretrained_model
 from bertjax.tasks import extract
-from bertjax.convert import inference
-from bertjax.train import usage
+from bertjax.train import cli
 
 _CHECKPOINT = flags.DEFINE_string(
     "checkpoint", None, "A bertjax checkpoints directory (latest step) or one step of it, "
@@ -55,7 +55,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   layers = _layers(_LAYERS.value)
-  params, config, tokenizer = inference.load_encoder(
+  params, config, tokenizer = pretrained_model.load_encoder(
       _CHECKPOINT.value, vocab_file=_VOCAB.value, do_lower_case=_LOWER.value)
   if _MAX_SEQ.value > config.max_position_embeddings:
     raise app.UsageError(f"--max_seq_length={_MAX_SEQ.value} exceeds the model's "
@@ -73,4 +73,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  usage.run(main)
+  cli.run(main)

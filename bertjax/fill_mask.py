@@ -1,8 +1,8 @@
 """Fill-mask and next-sentence predictions from a pretrained BERT.
 
-  python -m bertjax.predict --checkpoint=WORKDIR/checkpoints \\
+  python -m bertjax.fill_mask --checkpoint=WORKDIR/checkpoints \\
       --text="The capital of France is [MASK]."
-  python -m bertjax.predict --checkpoint=HF_EXPORT_DIR --text="..." --text_b="..."
+  python -m bertjax.fill_mask --checkpoint=HF_EXPORT_DIR --text="..." --text_b="..."
 
 `--checkpoint` is a bertjax checkpoint (saved on any mesh or topology; it is
 read onto this machine's first device) or a Hugging Face BERT directory with
@@ -17,8 +17,8 @@ probability that B is A's actual next sentence.
 from absl import app
 from absl import flags
 
-from bertjax.convert import inference
-from bertjax.train import usage
+from bertjax.convert import pretrained_model
+from bertjax.train import cli
 
 _CHECKPOINT = flags.DEFINE_string(
     "checkpoint", None, "A bertjax checkpoints directory (latest step), one step of it, or "
@@ -37,12 +37,12 @@ _LOWER = flags.DEFINE_bool("do_lower_case", None, "Lower-case the text; default:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  params, config, tokenizer = inference.load(_CHECKPOINT.value, vocab_file=_VOCAB.value,
+  params, config, tokenizer = pretrained_model.load(_CHECKPOINT.value, vocab_file=_VOCAB.value,
                                              do_lower_case=_LOWER.value)
-  predictor = inference.Predictor(params, config, tokenizer)
+  predictor = pretrained_model.Predictor(params, config, tokenizer)
   for text in _TEXT.value:
     print(text)
-    if inference.MASK in text or _TEXT_B.value is None:
+    if pretrained_model.MASK in text or _TEXT_B.value is None:
       for n, run in enumerate(predictor.fill_mask(text, _TOP_K.value)):
         print(f"  [MASK] #{n + 1}: " + ", ".join(
             f"{p.text} ({p.probability:.3f})" for p in run))
@@ -52,4 +52,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  usage.run(main)
+  cli.run(main)

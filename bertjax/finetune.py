@@ -21,13 +21,11 @@ hostmem.reexec_for_cpu("bertjax.finetune")
 
 from absl import app
 from absl import flags
-from absl import logging
-import jax
 from ml_collections import config_flags
 
 from bertjax import downstream
+from bertjax.train import cli
 from bertjax.train import distributed
-from bertjax.train import usage
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Fine-tuning config file (configs/finetune/glue.py, ...).",
@@ -41,8 +39,6 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   distributed.initialize(_DISTRIBUTED.value)
-  logging.info("JAX process %d of %d, %d devices (%s).", jax.process_index(),
-               jax.process_count(), jax.device_count(), jax.devices()[0].device_kind)
   # The --config.* fields given on the command line keep their values; the
   # others of the architecture and the casing come from init_from's checkpoint.
   explicit = frozenset(config_flags.get_override_values(flags.FLAGS["config"]))
@@ -50,7 +46,7 @@ def main(argv):
 
 
 def run():
-  usage.run(main)
+  cli.run(main)
 
 
 if __name__ == "__main__":

@@ -17,17 +17,15 @@ import os
 
 from absl import app
 from absl import flags
-from absl import logging
-import jax
 from ml_collections import config_flags
 
 from bertjax import downstream
 from bertjax.convert.weights import load_weights
 from bertjax.create import demo
+from bertjax.train import cli
 from bertjax.train import distributed
 from bertjax.train import loop
 from bertjax.train import profiling
-from bertjax.train import usage
 
 _DEMO_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                             "configs", "tiny.py")
@@ -44,8 +42,6 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   distributed.initialize(_DISTRIBUTED.value)
-  logging.info("JAX process %d of %d, %d devices (%s).", jax.process_index(),
-               jax.process_count(), jax.device_count(), jax.devices()[0].device_kind)
   config = _CONFIG.value
   if config.compile_cache_dir:  # Before the first compile of the process.
     profiling.enable_compilation_cache(profiling.cache_dir(config.compile_cache_dir,
@@ -59,7 +55,7 @@ def main(argv):
 
 
 def run():
-  usage.run(main)
+  cli.run(main)
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ def _splash(q, k, v, mask):
   return attention.splash_attention(q, k, v, mask, interpret=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])
 def test_splash_matches_xla_forward_and_gradient(dtype, tol):
   inputs = _inputs(dtype)
@@ -59,6 +60,7 @@ def test_splash_matches_xla_forward_and_gradient(dtype, tol):
   assert np.abs(unmasked[1, :LENGTHS[1]] - ref_out[1, :LENGTHS[1]]).max() > 10 * tol
 
 
+@pytest.mark.slow
 def test_splash_pads_lengths_that_are_not_a_multiple_of_128():
   _assert_matches_xla(_splash, *(x[:, :100] for x in _inputs(jnp.float32)))
 
@@ -143,6 +145,7 @@ def test_cudnn_in_fp32_is_refused():
     BertConfig(vocab_size=97, attention_impl="cudnn", attention_dropout_rate=0.0)
 
 
+@pytest.mark.slow
 def test_model_with_splash_matches_model_with_xla():
   """The whole pretraining model: splash (interpreted) against XLA attention, with grads."""
   config = BertConfig(vocab_size=97, hidden_size=64, num_layers=2, num_heads=2,

@@ -123,6 +123,7 @@ def _mesh_config():
   return glue_config.get_config().mesh
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task,per_position", [("conll2003", True),
                                                ("swag", False), ("squad", True)])
 def test_bucketed_predictions_equal_unbucketed(task, per_position):

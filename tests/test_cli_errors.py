@@ -12,7 +12,7 @@ import pytest
 from absl import app
 from absl import logging as absl_logging
 
-from bertjax.train import usage
+from bertjax.train import cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -52,26 +52,27 @@ def test_user_errors_print_one_line_and_bugs_keep_their_traceback(capsys):
     raise ValueError("operands could not be broadcast together")
 
   with pytest.raises(SystemExit) as e:
-    usage.one_line_errors(bad_flag)([])
+    cli.one_line_errors(bad_flag)([])
   assert e.value.code == 1
   assert capsys.readouterr().err == "Error: --config.seed: must be >= 0\n"
   with pytest.raises(SystemExit):
-    usage.one_line_errors(lambda argv: (_ for _ in ()).throw(app.UsageError("--x: bad")))([])
+    cli.one_line_errors(lambda argv: (_ for _ in ()).throw(app.UsageError("--x: bad")))([])
   assert capsys.readouterr().err == "Error: --x: bad\n"
   with pytest.raises(ValueError, match="broadcast"):
-    usage.one_line_errors(bug)([])
-  assert usage.is_user_error(ValueError(f"{REPO}/README.md:3: bad row"))
-  assert not usage.is_user_error(TypeError("--config.seed"))
+    cli.one_line_errors(bug)([])
+  assert cli.is_user_error(ValueError(f"{REPO}/README.md:3: bad row"))
+  assert not cli.is_user_error(TypeError("--config.seed"))
 
 
 ORBAX_NOISE = ("Given directory is read only", "CheckpointManager created",
                "Restoring checkpoint from")
 
 
+@pytest.mark.slow
 def test_commands_reading_a_checkpoint_print_no_orbax_noise_but_real_errors(tmp_path):
   from test_export_hf import make_run  # pylint: disable=g-import-not-at-top
   run = make_run(tmp_path, True)
-  runs = {"predict": _run("bertjax.predict", f"--checkpoint={run['checkpoints']}",
+  runs = {"predict": _run("bertjax.fill_mask", f"--checkpoint={run['checkpoints']}",
                           "--text=the quick [MASK] fox", "--top_k=2"),
           "export": _run("bertjax.convert.export", f"--checkpoint={run['checkpoints']}",
                          f"--output={tmp_path / 'hf'}")}
@@ -92,10 +93,10 @@ def test_commands_reading_a_checkpoint_print_no_orbax_noise_but_real_errors(tmp_
 
 
 def test_library_filter_drops_orbax_info_and_read_only_warning_only():
-  usage.quiet_library_logs()
-  usage.quiet_library_logs()
+  cli.quiet_library_logs()
+  cli.quiet_library_logs()
   absl_logger = absl_logging.get_absl_logger()
-  filters = [f for f in absl_logger.filters if isinstance(f, usage._LibraryNoiseFilter)]  # pylint: disable=protected-access
+  filters = [f for f in absl_logger.filters if isinstance(f, cli._LibraryNoiseFilter)]  # pylint: disable=protected-access
   assert len(filters) == 1  # Installed once.
 
   def record(path, level, msg):

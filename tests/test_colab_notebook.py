@@ -4,6 +4,7 @@ import os
 
 import nbformat
 from nbclient import NotebookClient
+import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOK = os.path.join(REPO, "launch", "colab_demo.ipynb")
@@ -17,6 +18,7 @@ def test_committed_notebook_has_no_outputs():
       assert not cell.outputs and cell.execution_count is None, cell.source[:60]
 
 
+@pytest.mark.slow
 def test_notebook_runs_in_small_mode(tmp_path, monkeypatch):
   monkeypatch.setenv("CI", "true")
   monkeypatch.setenv("BERTJAX_NOTEBOOK_WORKDIR", str(tmp_path / "workdir"))

@@ -23,6 +23,7 @@ def _documents(path):
     return [tuple(d.split("\n")) for d in f.read().strip().split("\n\n")]
 
 
+@pytest.mark.slow
 def test_paths_and_layout(built):
   assert set(built) == {"data_dir", "vocab", "train_text", "eval_text", "train",
                         "eval"}

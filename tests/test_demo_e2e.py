@@ -19,6 +19,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "configs"))
 import tiny  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+# Every test reads the one demo run of the module's fixture.
+pytestmark = pytest.mark.slow
+
 
 def _config(workdir):
   config = tiny.get_config()
@@ -126,7 +129,7 @@ def test_downstream_step_fine_tunes_from_the_checkpoint_and_from_random_init(run
 def test_predict_reads_the_runs_checkpoint_and_vocab(run):
   workdir, _ = run
   result = subprocess.run(
-      [sys.executable, "-m", "bertjax.predict",
+      [sys.executable, "-m", "bertjax.fill_mask",
        f"--checkpoint={os.path.join(workdir, 'checkpoints')}",
        "--text=The [MASK] statement leaves the loop.", "--text=It returns a [MASK] [MASK].",
        "--text_b=The loop ends.", "--top_k=3"],

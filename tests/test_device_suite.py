@@ -262,7 +262,7 @@ def test_packed_pair_holds_the_same_examples_in_half_the_rows():
   unpacked, packed, left_out = device_row.packed_pair(config, phase, vocab_size=1000)
   assert left_out == 0
   assert packed["input_ids"].shape == (32, 512) and unpacked["input_ids"].shape == (64, 512)
-  for name in ("input_mask", "masked_lm_weights", "next_sentence_weights"):
+  for name in ("input_mask", "masked_lm_weights", "example_weights"):
     assert packed[name].sum() == unpacked[name].sum(), name
   tokens = unpacked["input_mask"].sum(1)
   assert tokens.min() >= 32 and tokens.max() <= 320
@@ -288,6 +288,7 @@ def _suite(tmp_path, *flags):
   return out, {r["row"]: r for r in report["rows"]}
 
 
+@pytest.mark.slow
 def test_suite_end_to_end_tiny(tmp_path):
   out, rows = _suite(tmp_path, "--tiny", "--rows=1,5", "--budget_s=900")
   assert sorted(rows) == ["1", "2", "3", "4", "5", "6"]

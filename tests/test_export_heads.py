@@ -94,6 +94,7 @@ def reference(params, config, head_type, ids, mask, segments):
   return {"start_logits": out[..., 0], "end_logits": out[..., 1]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("head_type", sorted(HEADS))
 def test_hugging_face_task_models_load_the_export(pretrained, tmp_path, head_type):
   labels = ({"sequence_classification": ["neg", "neutral", "pos"],
@@ -159,6 +160,7 @@ def test_parameters_without_a_counterpart_are_refused_not_dropped(pretrained, tm
   assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("head_type,kind", [("sequence_classification", "classifier"),
                                             ("question_answering", "squad")])
 def test_tf1_task_export_is_what_run_classifier_and_run_squad_build_and_load(

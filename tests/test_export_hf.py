@@ -110,6 +110,7 @@ def export_cli(*flags):
                         env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=REPO))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("do_lower_case,weights", [(True, "safetensors"), (False, "flax")],
                          ids=["uncased_safetensors", "cased_flax"])
 def test_export_loads_in_transformers_as_is(uncased_run, tmp_path, do_lower_case, weights):

@@ -64,6 +64,7 @@ def runs(tmp_path_factory):
   return run, str(workdir / "checkpoints"), padded
 
 
+@pytest.mark.slow
 def test_exports_carry_exactly_vocab_size_rows(runs, tmp_path):
   run, padded_checkpoints, _ = runs
   vocab_size = run["config"].vocab_size

@@ -18,6 +18,8 @@ import pytest
 
 import jax_child
 
+pytestmark = pytest.mark.slow
+
 MODEL = dict(vocab_size=120, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
              max_position_embeddings=32, dtype="float32")
 

@@ -24,6 +24,8 @@ import test_export_heads  # pylint: disable=g-import-not-at-top
 from bertjax.convert import export  # pylint: disable=g-import-not-at-top
 from bertjax.model.bert import BertForPreTraining, BertModel  # pylint: disable=g-import-not-at-top
 
+pytestmark = pytest.mark.slow
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TORCH_PYTHON = os.environ.get("BERTJAX_TORCH_PYTHON",
                               os.path.join(REPO, ".venv-torch", "bin", "python"))

@@ -99,6 +99,7 @@ def read_json_lines(path):
     return [json.loads(line) for line in f]
 
 
+@pytest.mark.slow
 def test_cli_json_and_npy_match_transformers(model, tmp_path):
   layers, max_seq = [-1, -3, 0], 24
   json_out, npy_out = tmp_path / "out.jsonl", tmp_path / "out.npy"
@@ -143,6 +144,7 @@ def test_cli_json_and_npy_match_transformers(model, tmp_path):
     assert not features[i, n:].any()
 
 
+@pytest.mark.slow
 def test_cli_matches_the_original_release_on_its_checkpoint(model, tmp_path):
   layers, max_seq = "-1,-2,-3", 24
   original, ours = tmp_path / "original.jsonl", tmp_path / "ours.jsonl"

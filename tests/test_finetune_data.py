@@ -40,6 +40,7 @@ def _original(task, data_dir, vocab, max_seq, tmp_path):
   return dict(np.load(out))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", sorted(WRITERS))
 def test_features_equal_the_original_run_classifier(task, vocab, tmp_path):
   data_dir = WRITERS[task](str(tmp_path / task))
@@ -156,6 +157,16 @@ def test_eval_batches_hold_every_example_once(hosts):
     seen.extend(rows[weights > 0])
     assert len(rows) == batch
   assert sorted(seen) == list(arrays["x"])
+
+
+def test_batches_refuse_a_process_past_the_count_or_an_uneven_batch():
+  arrays = {"x": np.arange(10)}
+  with pytest.raises(ValueError, match=r"process_index 2 is not in \[0, 2\)"):
+    next(batches.eval_batches(arrays, 4, process_index=2, process_count=2))
+  with pytest.raises(ValueError, match="global batch size 5 is not a positive multiple of "
+                     "the 2 processes"):
+    next(batches.train_batches(arrays, 5, seed=0, num_steps=1, process_index=0,
+                               process_count=2))
 
 
 def test_train_batches_cover_each_epoch_and_resume():

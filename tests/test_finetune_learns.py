@@ -15,6 +15,8 @@ sys.path.insert(0, os.path.join(REPO, "configs", "finetune"))
 import finetune_data  # pylint: disable=g-import-not-at-top,wrong-import-position
 import glue as glue_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("causal", [False, True], ids=["bidirectional", "causal"])
 def test_a_token_presence_task_reaches_high_dev_accuracy(tmp_path, causal):

@@ -150,6 +150,7 @@ def _assert_same_scores(got: dict, want: dict):
     assert got[split] == pytest.approx(metrics, rel=1e-5, abs=1e-6), split
 
 
+@pytest.mark.slow
 def test_interleaved_hosts_score_and_predict_as_one_process(tmp_path, tmp_path_factory):
   cache = jax_child.cache_dir(tmp_path_factory)
   data = _write_data(str(tmp_path / "data"))
@@ -231,17 +232,17 @@ def _from_checkpoint(config, checkpoint: str, out: str) -> dict:
   dev_outputs.npz) and the test prediction files (out/test) of `checkpoint`."""
   import jax  # pylint: disable=g-import-not-at-top
   import ml_collections  # pylint: disable=g-import-not-at-top
-  from bertjax.tasks import loop, predictions, registry  # pylint: disable=g-import-not-at-top
+  from bertjax.tasks import loop, submissions, registry  # pylint: disable=g-import-not-at-top
   from bertjax.tasks import step as step_lib  # pylint: disable=g-import-not-at-top
   from bertjax.text import tokenization  # pylint: disable=g-import-not-at-top
   from bertjax.train import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
   predict = ml_collections.ConfigDict(dict(
       config.to_dict(), mode="predict", predict_from=checkpoint,
       predict_dir=os.path.join(out, "test")))
-  test = predictions.predict_test(predict, out)["test"]
+  test = submissions.predict_test(predict, out)["test"]
   task = registry.get_task(config.task)
   mesh, rules = sharding_lib.make_mesh(config.mesh), sharding_lib.rules(config.mesh)
-  state, shardings, _, _ = predictions.restore_for_prediction(
+  state, shardings, _, _ = submissions.restore_for_prediction(
       task, checkpoint, config.max_seq_length, mesh, rules)
   tokenizer = tokenization.load_tokenizer("wordpiece", config.vocab_file, config.do_lower_case)
   dev = [task.load(name, tokenizer, config) for name in task.dev_splits]

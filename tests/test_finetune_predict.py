@@ -17,9 +17,9 @@ from bertjax.tasks import conll
 from bertjax.tasks import features
 from bertjax.tasks import glue
 from bertjax.tasks import loop
-from bertjax.tasks import predictions
 from bertjax.tasks import registry
 from bertjax.tasks import step as step_lib
+from bertjax.tasks import submissions
 from bertjax.text import tokenization
 from bertjax.train import sharding as sharding_lib
 
@@ -92,6 +92,7 @@ def test_glue_without_the_diagnostic_set_writes_the_rest(vocab, tmp_path):
     glue.load_test(glue.TASKS["rte"], None, 24, str(tmp_path / "MNLI"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task,task_dir", [("cola", "CoLA"), ("mrpc", "MRPC"),
                                            ("mnli", "MNLI")])
 def test_glue_test_files_read_as_the_original_run_classifier(task, task_dir, vocab, tmp_path):
@@ -125,7 +126,7 @@ def _dev_outputs(config, workdir, split_name="dev"):
   final checkpoint."""
   task = registry.get_task(config.task)
   mesh, rules = sharding_lib.make_mesh(config.mesh), sharding_lib.rules(config.mesh)
-  state, shardings, _, _ = predictions.restore_for_prediction(
+  state, shardings, _, _ = submissions.restore_for_prediction(
       task, os.path.join(workdir, "checkpoints"), config.max_seq_length, mesh, rules)
   tokenizer = tokenization.load_tokenizer("wordpiece", config.vocab_file, config.do_lower_case)
   split = task.load(split_name, tokenizer, config)
@@ -163,7 +164,7 @@ def test_mrpc_train_and_predict_then_predict_mode(vocab, tmp_path):
   summary = downstream.finetune(again, workdir)
   assert summary["checkpoint"] == os.path.join(workdir, "checkpoints")
   assert _read_tsv(str(tmp_path / "again" / "MRPC.tsv")) == rows
-  with open(tmp_path / "again" / predictions.SUMMARY, encoding="utf-8") as f:
+  with open(tmp_path / "again" / submissions.SUMMARY, encoding="utf-8") as f:
     assert json.load(f)["test"] == {"test": {"rows": 20}}
 
 
@@ -218,7 +219,7 @@ def test_squad_predicts_any_file_as_the_dev_path_does(version, tmp_path):
   names = sorted(["nbest_predictions.json", "predictions.json"] + (
       ["null_odds.json"] if version == "2.0" else []))
   written = sorted(f for f in os.listdir(os.path.join(workdir, "predictions"))
-                   if f != predictions.SUMMARY)
+                   if f != submissions.SUMMARY)
   assert written == names
   ids = {qa["id"] for a in data["data"] for p in a["paragraphs"] for qa in p["qas"]}
   assert summary["test"]["predict"] == {"questions": len(ids)}

@@ -63,6 +63,7 @@ def _direct_mean_loss(kind, params, apply_fn, batch):
   return jnp.sum(nll * real["label_weights"]) / jnp.sum(real["label_weights"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["classification", "token"])
 def test_accumulated_step_is_the_one_batch_step_and_the_mean_over_real_rows(kind):
   task = registry.Task("t", kind, 3, ("dev",), "accuracy", load=None)
@@ -110,6 +111,7 @@ def test_best_dev_never_takes_nan_and_counts_patience_across_a_restart():
   assert restarted.should_stop() and (restarted.step, restarted.score) == (4, 0.6)
 
 
+@pytest.mark.slow
 def test_periodic_dev_evaluation_keeps_the_best_checkpoint(data, tmp_path):
   # 16 steps, evaluated every 4: steps 4, 8, 12 and the last.
   config = _config(data, num_epochs=2.0, eval_every_steps=4,

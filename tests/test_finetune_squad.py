@@ -15,6 +15,8 @@ sys.path.insert(0, os.path.join(REPO, "configs", "finetune"))
 import squad as squad_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 import squad_fixtures  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("version", ["1.1", "2.0"])
 def test_squad_run_writes_predictions_and_scores(version, tmp_path):

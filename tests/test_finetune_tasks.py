@@ -17,6 +17,8 @@ from bertjax.text import tokenization
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import finetune_data  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):

@@ -164,6 +164,7 @@ def _assert_matches(fn, ref, inputs, tol):
   return out, want
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rate,packed", [(0.0, False), (RATE, False), (RATE, True)])
 def test_tpu_kernel_matches_xla_attention_in_fp32(rate, packed):
   out, _ = _assert_matches(_flash(rate), _xla(rate), _inputs(jnp.float32, packed), 1e-5)
@@ -173,12 +174,14 @@ def test_tpu_kernel_matches_xla_attention_in_fp32(rate, packed):
     assert np.abs(no_dropout[real] - out[real]).max() > 0.1
 
 
+@pytest.mark.slow
 def test_tpu_kernel_matches_xla_attention_in_bf16_and_causal():
   _assert_matches(_flash(RATE), _xla(RATE), _inputs(jnp.bfloat16, False), 2e-2)
   _assert_matches(_flash(RATE, causal=True), _xla(RATE, causal=True),
                   _inputs(jnp.float32, True), 1e-5)
 
 
+@pytest.mark.slow
 def test_tpu_kernel_with_a_separate_dq_pass_and_a_padded_length():
   """Keys in two blocks (dq in a pass of its own, not the dk/dv pass), and a
   length of 200 padded to 256, whose real positions keep the unpadded mask."""
@@ -188,6 +191,7 @@ def test_tpu_kernel_with_a_separate_dq_pass_and_a_padded_length():
                   _inputs(jnp.float32, False, seed=1, length=200), 1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype,tol,packed,causal", [
     (jnp.float32, 1e-5, True, False), (jnp.bfloat16, 2e-2, False, True)])
 def test_gpu_kernel_matches_xla_attention(dtype, tol, packed, causal):
@@ -215,6 +219,7 @@ def test_gpu_kernels_lower_to_triton_on_any_host():
   assert 'name = "flash_dropout_forward"' in text and 'name = "flash_dropout_backward"' in text
 
 
+@pytest.mark.slow
 def test_model_with_flash_and_attention_dropout_matches_model_with_xla():
   """The whole pretraining model in training (hidden and attention dropout
   0.1, the same dropout key): flash (interpreted) against XLA attention."""
@@ -280,6 +285,7 @@ def _mesh_child() -> dict:
   return {"devices": jax.device_count(), "errors": errors}
 
 
+@pytest.mark.slow
 def test_flash_under_a_mesh_draws_the_global_mask(tmp_path_factory):
   """Batch split over data x fsdp, heads over tensor: each shard's counters
   are offset to its global batch rows and heads, so the sharded kernel gives

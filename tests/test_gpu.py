@@ -23,7 +23,8 @@ from bertjax.model.config import BertConfig
 from bertjax.records import schema
 from bertjax.train import step as step_lib
 
-pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")]
 
 B, L, N, H = 4, 128, 4, 64
 LENGTHS = (128, 70, 33, 1)  # Right padding, as BERT's input_mask; one row of [CLS] alone.
@@ -124,7 +125,7 @@ def test_packed_rows_take_xla_attention_and_give_the_unpacked_losses_and_gradien
   unpacked = _batch(dims["vocab_size"], seed=1, longest=L // 2)  # 8 examples, 4 rows.
   p = packing.Packing(max_seq_length=L, max_predictions_per_seq=20, rows=4,
                       max_examples_per_row=4, max_predictions_per_row=80)
-  row, offset = packing.first_fit(*packing.example_sizes(unpacked), p, decreasing=True)
+  row, offset = packing.first_fit(*packing.example_sizes(unpacked), p)
   assert (row >= 0).all(), "every example fits"
   packed = packing.pack(unpacked, row, offset, p)
   assert len(set(row.tolist())) < len(row), "some row holds two examples"
@@ -230,7 +231,7 @@ def test_training_with_attention_dropout_takes_flash_and_gives_xlas_loss_and_gra
   if packed:
     p = packing.Packing(max_seq_length=L, max_predictions_per_seq=20, rows=4,
                         max_examples_per_row=4, max_predictions_per_row=80)
-    row, offset = packing.first_fit(*packing.example_sizes(batch), p, decreasing=True)
+    row, offset = packing.first_fit(*packing.example_sizes(batch), p)
     batch = packing.pack(batch, row, offset, p)
   batch = {k: jnp.asarray(v) for k, v in batch.items()}
   models = {impl: BertForPreTraining(BertConfig(**dims, attention_impl=impl))

@@ -72,6 +72,7 @@ def test_feed_forward_keeps_two_wide_arrays():
   assert len(wide(layers.gelu)) == 2  # The GELU's input and output.
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_layer_norm_matches_flax(dtype):
   rng = np.random.default_rng(1)
@@ -123,6 +124,7 @@ def plain_probabilities_times_values(logits, v, mask, keep, rate):
   return jnp.einsum("bnls,bsnh->blnh", probs.astype(v.dtype), v)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("rate", [0.0, 0.1])
 def test_probabilities_times_values_matches_autodiff(dtype, rate):
@@ -150,6 +152,7 @@ def test_probabilities_times_values_matches_autodiff(dtype, rate):
   assert "float32" in square(plain)
 
 
+@pytest.mark.slow
 def test_a_layer_keeps_one_square_and_two_wide_arrays():
   """What a training layer keeps for its backward pass, by shape."""
   c = BertConfig(vocab_size=128, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=128,

@@ -129,6 +129,7 @@ def references():
   return refs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", list(SIZES))
 @pytest.mark.parametrize("scan_layers", [True, False])
 def test_outputs_match_transformers(references, size, scan_layers):
@@ -214,6 +215,7 @@ def test_flax_checkpoint_loads_in_transformers(references, tmp_path):
   assert reloaded_config == config and _equal_trees(reloaded, params)
 
 
+@pytest.mark.slow
 def test_safetensors_checkpoint_round_trip(references, tmp_path):
   hf_config, hf_params, _, _ = references["l1_h32_a2_f48"]
   config = hf.hf_config_to_bertjax(hf_config, scan_layers=False, dtype="bfloat16")
@@ -410,6 +412,7 @@ def _masked_lm_targets(config_fields, batch, seed):
               example_weights=np.ones((BATCH,), np.float32))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", ["l2_h64_a4", "l3_h96_a6_f200"])
 @pytest.mark.parametrize("scan_layers", [True, False])
 def test_pretraining_loss_gradients_match_transformers(references, size, scan_layers):

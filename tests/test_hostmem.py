@@ -182,17 +182,18 @@ def _probe_config(tmp_path, entry, spawn=False, faults=False):
   return str(path)
 
 
+@pytest.mark.slow
 @glibc
 def test_a_cpu_process_reexecutes_itself_with_the_tunables_and_stops_page_faulting(tmp_path):
-  config = _probe_config(tmp_path, "bertjax.benchmark", spawn=True, faults=True)
-  pid, tuned = _run([sys.executable, "-m", "bertjax.benchmark", f"--config={config}"], _env())
+  config = _probe_config(tmp_path, "bertjax.benchmarks.step_bench", spawn=True, faults=True)
+  pid, tuned = _run([sys.executable, "-m", "bertjax.benchmarks.step_bench", f"--config={config}"], _env())
   assert tuned["pid"] == pid  # the same process, executed again
   assert tuned["started_with"] == hostmem.TUNABLES
   # The processes it starts get the environment it was given.
   assert tuned["environ"] is None and tuned["child"] is None and tuned["worker"] is None
   assert tuned["carried"] == []
-  config = _probe_config(tmp_path, "bertjax.benchmark", faults=True)
-  _, default = _run([sys.executable, "-m", "bertjax.benchmark", f"--config={config}"],
+  config = _probe_config(tmp_path, "bertjax.benchmarks.step_bench", faults=True)
+  _, default = _run([sys.executable, "-m", "bertjax.benchmarks.step_bench", f"--config={config}"],
                     _env(**{hostmem.OPT_OUT: "default"}))
   assert default["started_with"] is None
   # 78 MB is 19,000 pages of 4 KiB: with glibc's defaults each call maps its
@@ -238,8 +239,8 @@ def test_called_from_python_the_program_never_reexecutes(tmp_path):
 @glibc
 def test_the_reexecuted_process_never_executes_again(tmp_path):
   # As if the environment of the re-execution had lost the tunables on the way.
-  config = _probe_config(tmp_path, "bertjax.benchmark")
-  argv = [sys.executable, "-m", "bertjax.benchmark", f"--config={config}"]
+  config = _probe_config(tmp_path, "bertjax.benchmarks.step_bench")
+  argv = [sys.executable, "-m", "bertjax.benchmarks.step_bench", f"--config={config}"]
   pid, result = _run(argv, _env(**{hostmem.REEXECUTED: "1",
                                    hostmem.TUNABLES_BEFORE: "glibc.pthread.rseq=1"}))
   assert result["pid"] == pid and result["started_with"] is None

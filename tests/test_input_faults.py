@@ -212,6 +212,7 @@ def flaky():
   fileio.register_filesystem("flaky", None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_index", [True, False])
 def test_transient_read_failures_are_retried_and_lose_nothing(dataset, tmp_path, flaky,
                                                               with_index):

@@ -218,6 +218,7 @@ def _two_slices(tmp_path, **world):
   return Slice(tmp_path, **world)
 
 
+@pytest.mark.slow
 def test_watch_books_two_slices_runs_every_host_and_recreates_them_after_a_preemption(
     tmp_path):
   s = _two_slices(tmp_path, slice_states={"bert-0": ["READY"], "bert-1": ["READY", "PREEMPTED"]},
@@ -245,6 +246,7 @@ def test_watch_books_two_slices_runs_every_host_and_recreates_them_after_a_preem
   assert s.run("status", NUM_SLICES="2").stdout.count("bertjax-status host") == 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world, message", [
     ({"tpu_env": {"host0": "MEGASCALE_SLICE_ID: '0'\nMEGASCALE_NUM_SLICES: '2'",
                   "host1": "MEGASCALE_SLICE_ID: '0'\nMEGASCALE_NUM_SLICES: '2'",

@@ -27,7 +27,7 @@ _ALLOWED = {
 def test_model_and_train_step_import_without_tensorflow():
   code = ("import sys\n"
           "import bertjax.model.bert, bertjax.train.step, bertjax.train.state\n"
-          "import bertjax.train.loop, bertjax.benchmark\n"
+          "import bertjax.train.loop, bertjax.benchmarks.step_bench\n"
           "import bertjax.model.heads, bertjax.tasks.step\n"
           "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
           "('tensorflow', 'tensorflow_datasets'))\n"

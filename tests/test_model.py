@@ -81,6 +81,7 @@ def assert_outputs_close(a, b, atol=1e-6, rtol=1e-6):
     np.testing.assert_allclose(a[k], b[k], atol=atol, rtol=rtol, err_msg=k)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan_layers", [True, False])
 def test_output_shapes_dtypes_and_finiteness(scan_layers):
   config = tiny(scan_layers=scan_layers)
@@ -158,6 +159,7 @@ def _loss_and_grads(config, params, batch, rng):
   return value, out, grads
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan_layers", [True, False])
 def test_remat_policies_match_no_remat(scan_layers):
   base_config = tiny(scan_layers=scan_layers)
@@ -181,6 +183,7 @@ def test_remat_policies_match_no_remat(scan_layers):
       assert float(jnp.abs(g).max()) > 1e-6, jax.tree_util.keystr(path)
 
 
+@pytest.mark.slow
 def test_bf16_compute_keeps_fp32_params_and_logits():
   config = tiny(dtype="bfloat16")
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(_abstract_params(config)))
@@ -198,6 +201,7 @@ def test_bf16_compute_keeps_fp32_params_and_logits():
     assert err < 0.05, (k, err)
 
 
+@pytest.mark.slow
 def test_dropout_is_active_only_when_not_deterministic():
   config = tiny(hidden_dropout_rate=0.1, attention_dropout_rate=0.1)
   params = init_params(config)
@@ -217,6 +221,7 @@ def test_dropout_is_active_only_when_not_deterministic():
   assert_outputs_close(apply(no_dropout, params, batch, deterministic=False), d1)
 
 
+@pytest.mark.slow
 def test_attention_dropout_applies_on_the_xla_path():
   config = tiny(hidden_dropout_rate=0.0, attention_dropout_rate=0.3)
   params = init_params(config)
@@ -226,6 +231,7 @@ def test_attention_dropout_applies_on_the_xla_path():
   assert np.abs(train["sequence_output"] - evaluate["sequence_output"]).max() > 1e-3
 
 
+@pytest.mark.slow
 def test_auto_attention_runs_xla_on_cpu_and_logs_why(monkeypatch, caplog):
   """On CPU no fused kernel applies: 'auto' computes what 'xla' does, and says so once."""
   monkeypatch.setattr(attention, "_logged", set())
@@ -242,6 +248,7 @@ def test_auto_attention_runs_xla_on_cpu_and_logs_why(monkeypatch, caplog):
   assert said.count("attention kernel: xla (no fused attention kernel for cpu)") == 1, said
 
 
+@pytest.mark.slow
 def test_padded_vocab_leaves_the_pretraining_loss_unchanged():
   """Padded rows, whatever their values, change no loss, accuracy or real gradient."""
   from bertjax.train import step as step_lib  # pylint: disable=g-import-not-at-top
@@ -315,6 +322,7 @@ def _formula(vocab, hidden, layers_, intermediate, positions=512, types=2) -> in
   return embeddings + layers_ * layer + pooler + heads
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size,expected", [(BASE, 110_106_428), (LARGE, 336_226_108)])
 def test_parameter_counts(size, expected):
   config = BertConfig(vocab_size=30522, **size)
@@ -392,6 +400,7 @@ def test_sequence_longer_than_position_table_names_the_field():
         jax.random.key(0), ids, ids, ids, ids[:, :2]))
 
 
+@pytest.mark.slow
 def test_dropout_keep_mask_rate_independence_and_fallback():
   key = jax.random.key(0)
   mask = np.asarray(dropout.keep_mask(key, (64, 128, 256), 0.1))
@@ -412,6 +421,7 @@ def test_dropout_keep_mask_rate_independence_and_fallback():
   assert dropout.Dropout(0.5).apply({}, x, True) is x
 
 
+@pytest.mark.slow
 def test_dropout_keep_mask_is_jax_threefry_in_one_pass():
   """The written-out hash gives jax's threefry2x32 primitive's words, bit for
   bit: the first half of the last axis from the first word of the counters'

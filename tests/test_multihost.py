@@ -24,6 +24,8 @@ import pytest
 import data_utils
 import jax_child
 
+pytestmark = pytest.mark.slow
+
 WORKER = os.path.join(os.path.dirname(__file__), "multihost_worker.py")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # SLURM's coordinator port is derived from the job id: 61440 + id % 4096.

@@ -56,6 +56,7 @@ def _reference(q, k, v, mask):
   return np.einsum("bnls,bsnh->blnh", p, v)
 
 
+@pytest.mark.slow
 def test_every_attention_kernel_honours_causal():
   q, k, v, mask = _qkv(128)
   real = np.asarray(mask)
@@ -100,6 +101,7 @@ def _batch(L=16, B=3, seed=0, vocab=97):
           schema.EXAMPLE_WEIGHT_KEY: np.ones(B, np.float32)}
 
 
+@pytest.mark.slow
 def test_causal_model_output_does_not_see_later_tokens():
   config = BertConfig(**TINY, causal=True)
   batch = _batch()

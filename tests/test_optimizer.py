@@ -366,6 +366,7 @@ def test_unknown_optimizer_name_is_refused():
 
 def _child(_) -> dict:
   """In a 2-device child: accumulation over micro-batches, and LAMB, on a tiny model."""
+  from bertjax.input import device as device_lib  # pylint: disable=g-import-not-at-top
   from bertjax.input.synthetic import SyntheticSource  # pylint: disable=g-import-not-at-top
   from bertjax.train import sharding as sharding_lib  # pylint: disable=g-import-not-at-top
   from bertjax.train import step as step_lib  # pylint: disable=g-import-not-at-top
@@ -385,8 +386,7 @@ def _child(_) -> dict:
     before = jax.device_get(state.params)
     with sharding_lib.mesh_context(mesh, rules):
       step = step_lib.jit_train_step(shardings, mesh, grad_accum_steps=grad_accum_steps)
-      device_batch = {k: jax.make_array_from_process_local_data(
-          sharding_lib.batch_sharding(mesh), v) for k, v in batch.items()}
+      device_batch = device_lib.to_global(batch, sharding_lib.batch_sharding(mesh))
       state, metrics = step(state, device_batch, jax.random.key(1))
     return before, jax.device_get(state.params), jax.device_get(metrics)
 

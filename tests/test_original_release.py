@@ -19,6 +19,8 @@ from bertjax.records import schema
 from bertjax.text import vocab as vocab_lib
 import data_utils
 
+pytestmark = pytest.mark.slow
+
 
 
 ORIGINAL_SCRIPT = os.path.join(os.path.dirname(__file__), "original_release.py")

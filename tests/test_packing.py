@@ -5,6 +5,8 @@ The same examples, one per row and then packed several to a row
 step's loss sums; plus the packing layout itself and the errors.
 """
 
+import hashlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -50,9 +52,9 @@ def packer(rows: int, per_row: int = 3) -> packing.Packing:
                          max_predictions_per_row=per_row * PREDICTIONS)
 
 
-def packed_batch(batch, p, decreasing=True):
+def packed_batch(batch, p):
   tokens, preds, real = packing.example_sizes(batch)
-  row, offset = packing.first_fit(tokens, preds, real, p, decreasing)
+  row, offset = packing.first_fit(tokens, preds, real, p)
   assert (row >= 0).all(), "every example fits"
   return packing.pack(batch, row, offset, p)
 
@@ -94,8 +96,76 @@ def test_layout_places_every_example_in_its_own_span():
 def test_fewer_rows_than_needed_leaves_examples_unplaced():
   batch = examples(9, min_length=12, max_length=14)
   tokens, preds, real = packing.example_sizes(batch)
-  row, _ = packing.first_fit(tokens, preds, real, packer(rows=2), decreasing=True)
+  row, _ = packing.first_fit(tokens, preds, real, packer(rows=2))
   assert (row >= 0).sum() == 4 and (row < 0).sum() == 5  # two 12..14-token examples per 32
+
+
+def one_at_a_time(tokens, preds, real, p, rows):
+  """First-fit decreasing written the plain way: each example in turn, by
+  decreasing tokens, into the first of `rows` rows with room."""
+  row, offset = np.full(len(tokens), -1), np.full(len(tokens), -1)
+  free = np.array([[p.max_seq_length, p.max_predictions_per_row,
+                    p.max_examples_per_row]] * rows)
+  order = np.flatnonzero(real)
+  for i in order[np.argsort(-tokens[order], kind="stable")]:
+    fits = (free >= [tokens[i], preds[i], 1]).all(1)
+    if fits.any():
+      r = int(np.argmax(fits))
+      row[i], offset[i] = r, p.max_seq_length - free[r, 0]
+      free[r] -= [tokens[i], preds[i], 1]
+  return row, offset
+
+
+def random_sizes(n, seed, mixed):
+  """Tokens in [1, LENGTH]; predictions from the tokens as the records have
+  them, or (mixed) drawn on their own, so that sizes alternate."""
+  rng = np.random.default_rng(seed)
+  tokens = rng.integers(1, LENGTH + 1, n)
+  preds = (rng.integers(1, PREDICTIONS + 1, n) if mixed
+           else np.clip(np.round(0.15 * tokens), 1, PREDICTIONS).astype(int))
+  return tokens, preds, rng.random(n) < 0.9
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("every", [1, None])
+def test_first_fit_places_where_one_example_at_a_time_would(seed, mixed, every, monkeypatch):
+  """Also with more examples than the rows hold (the rest get -1), and in
+  as many rows as needed; also with the full rows dropped after every size
+  and rows opened one at a time."""
+  if every:
+    monkeypatch.setattr(packing._OpenRows, "COMPACT_EVERY", every)
+    monkeypatch.setattr(packing._OpenRows, "OPEN_AT_LEAST", every)
+  tokens, preds, real = random_sizes(700, seed, mixed)
+  for rows in (3, 40, 150):
+    got = packing.first_fit(tokens, preds, real, packer(rows=rows))
+    np.testing.assert_array_equal(got, one_at_a_time(tokens, preds, real, packer(rows), rows))
+  row, offset = packing.first_fit(tokens, preds, real, packer(rows=1), as_needed=True)
+  want = one_at_a_time(tokens, preds, real, packer(1), int(real.sum()))
+  np.testing.assert_array_equal((row, offset), want)
+  assert ((row >= 0) == real).all()
+  np.testing.assert_array_equal(np.unique(row[real]), np.arange(row.max() + 1))
+
+
+def test_as_needed_refuses_an_example_no_row_holds():
+  with pytest.raises(ValueError, match="6 predictions fits in no empty packed row"):
+    packing.first_fit(np.array([4, 3]), np.array([1, 6]), np.ones(2, bool),
+                      packer(rows=1, per_row=1), as_needed=True)
+
+
+def test_train_packer_gives_the_rows_it_always_gave():
+  """The same chunk packs to the same rows across versions of this code, so a
+  run resumed on a newer one trains on the same data (the digest is of the
+  rows packed before placement took runs of one size at a time)."""
+  batch = examples(60, seed=3, min_length=5, max_length=14)
+  batch[schema.EXAMPLE_WEIGHT_KEY][::7] = 0
+  packer_ = packing.TrainPacker(packer(rows=4), chunk_steps=2, seed=11)
+  packed = packer_(5, batch)
+  digest = hashlib.sha256()
+  for name in sorted(packed):
+    digest.update(name.encode() + np.ascontiguousarray(packed[name]).tobytes())
+  assert packer_.stats() == {"packing_overflow": 27}
+  assert digest.hexdigest()[:16] == "0d3418919e87e620"
 
 
 def test_packed_losses_metrics_and_gradients_equal_unpacked():

@@ -9,14 +9,16 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import benchmark
 from bertjax.benchmarks import aot
+from bertjax.benchmarks import step_bench
 from bertjax.records import schema
 from bertjax.train import flops
 from bertjax.train import loop
 from bertjax.train import run_config
 from test_packing_pipeline import P, dataset  # pylint: disable=unused-import
 from test_train import forbid_building_state, losses, tiny_config
+
+pytestmark = pytest.mark.slow
 
 STEPS = 3
 
@@ -102,7 +104,7 @@ def test_logged_real_tokens_are_the_fed_batches_input_mask(dataset, tmp_path, mo
 
 @pytest.mark.parametrize("packed", [True, False])
 def test_benchmark_compiles_for_the_batch_the_pipeline_yields(dataset, packed):
-  """bertjax.benchmark's abstract batch has the fields, shapes and dtypes of the
+  """bertjax.benchmarks.step_bench's abstract batch has the fields, shapes and dtypes of the
   training pipeline's batch: with packing 16 examples / 1.6 = 10 rows."""
   overrides = {"data.packing": True, "data.packing_factor": 1.6} if packed else {}
   config = config_on(dataset, **overrides)
@@ -122,7 +124,7 @@ def test_benchmark_compiles_for_the_batch_the_pipeline_yields(dataset, packed):
       aot.build(config.copy_and_resolve_references(), jax.devices())
     # The timed run has unpacked synthetic batches only.
     with pytest.raises(app.UsageError, match=r"--config\.data\.packing=True: the timed run"):
-      benchmark.run_benchmark(config)
+      step_bench.run_benchmark(config)
 
 
 BAD = {

@@ -1,4 +1,4 @@
-"""bertjax.predict: fill-mask and next-sentence scores, against transformers on
+"""bertjax.fill_mask: fill-mask and next-sentence scores, against transformers on
 the same weights, from an exported directory and from a training run."""
 
 import os
@@ -10,12 +10,14 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer, FlaxBertForPreTraining
 
-from bertjax.convert import inference
 from bertjax.convert import hf_files
+from bertjax.convert import pretrained_model
 from bertjax.convert import run_vocab
+from bertjax.convert.pretrained_model import Predictor, _join, _runs
 from bertjax.model.config import BertConfig
-from bertjax.convert.inference import Predictor, _join, _runs
 from bertjax.text.tokenization import WordPieceTokenizer
+
+pytestmark = pytest.mark.slow
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORDS = ("the capital of france is paris . it lies on the seine river and is a large city "
@@ -43,7 +45,7 @@ def export_dir(tmp_path_factory):
 
 
 def test_fill_mask_agrees_with_transformers_on_the_same_weights(export_dir):
-  params, config, tokenizer = inference.load(export_dir)
+  params, config, tokenizer = pretrained_model.load(export_dir)
   predictor = Predictor(params, config, tokenizer)
   hf_tokenizer = AutoTokenizer.from_pretrained(export_dir)
   hf_model = FlaxBertForPreTraining.from_pretrained(export_dir)
@@ -62,7 +64,7 @@ def test_fill_mask_agrees_with_transformers_on_the_same_weights(export_dir):
 
 
 def test_next_sentence_probability_agrees_with_transformers(export_dir):
-  params, config, tokenizer = inference.load(export_dir)
+  params, config, tokenizer = pretrained_model.load(export_dir)
   predictor = Predictor(params, config, tokenizer)
   hf_tokenizer = AutoTokenizer.from_pretrained(export_dir)
   hf_model = FlaxBertForPreTraining.from_pretrained(export_dir)
@@ -74,7 +76,7 @@ def test_next_sentence_probability_agrees_with_transformers(export_dir):
 
 
 def test_adjacent_masks_are_filled_as_words(export_dir):
-  params, config, tokenizer = inference.load(export_dir)
+  params, config, tokenizer = pretrained_model.load(export_dir)
   predictor = Predictor(params, config, tokenizer)
   text = "the [MASK] [MASK] of france"
   (run,) = predictor.fill_mask(text, top_k=3)
@@ -100,7 +102,7 @@ def test_helpers():
 
 
 def test_bad_input_is_named(export_dir, tmp_path):
-  params, config, tokenizer = inference.load(export_dir)
+  params, config, tokenizer = pretrained_model.load(export_dir)
   predictor = Predictor(params, config, tokenizer)
   with pytest.raises(ValueError, match="has no \\[MASK\\]"):
     predictor.fill_mask("the capital of france is paris")
@@ -111,14 +113,14 @@ def test_bad_input_is_named(export_dir, tmp_path):
   encoder_dir = str(tmp_path / "encoder")
   hf_files.save_hf_checkpoint(params, config, encoder_dir, encoder_only=True)
   with pytest.raises(ValueError, match="no masked-LM and next-sentence heads"):
-    inference.load(encoder_dir)
+    pretrained_model.load(encoder_dir)
   with pytest.raises(ValueError, match="neither a bertjax checkpoint"):
-    inference.load(str(tmp_path))
+    pretrained_model.load(str(tmp_path))
 
 
 def test_cli_prints_predictions(export_dir):
   result = subprocess.run(
-      [sys.executable, "-m", "bertjax.predict", f"--checkpoint={export_dir}",
+      [sys.executable, "-m", "bertjax.fill_mask", f"--checkpoint={export_dir}",
        "--text=The capital of France is [MASK].", "--text_b=It lies on the Seine.",
        "--top_k=2"], cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
       env=dict(os.environ, JAX_PLATFORMS="cpu"))
@@ -128,7 +130,7 @@ def test_cli_prints_predictions(export_dir):
   assert lines[1].startswith("  [MASK] #1: ") and lines[1].count("(") == 2
   assert lines[2].startswith("  next sentence 'It lies on the Seine.': 0.")
   result = subprocess.run(
-      [sys.executable, "-m", "bertjax.predict", f"--checkpoint={export_dir}",
+      [sys.executable, "-m", "bertjax.fill_mask", f"--checkpoint={export_dir}",
        "--text=no mask here"], cwd=REPO, capture_output=True, text=True, timeout=300,
       check=False)
   assert result.returncode != 0 and "has no [MASK] to fill" in result.stderr

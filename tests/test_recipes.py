@@ -5,6 +5,8 @@ import pytest
 from bertjax.benchmarks import downstream_budget
 from bertjax.benchmarks import recipes
 
+pytestmark = pytest.mark.slow
+
 
 def test_demo_scale_keeps_the_recipes_learning_rate_ratio_at_equal_batch():
   paper = recipes.paper_config(100)

@@ -7,6 +7,8 @@ import pytest
 
 import conftest
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("module,package", conftest.REFERENCES)
 def test_a_missing_reference_fails_the_run(module, package):

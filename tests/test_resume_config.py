@@ -15,6 +15,8 @@ from bertjax.train import run_config
 from bertjax.train import run_record
 from test_train import tiny_config
 
+pytestmark = pytest.mark.slow
+
 
 def _record(config, process_count=1):
   return run_record.record(config, BertConfig.from_mapping(config.model), process_count)

@@ -20,6 +20,8 @@ import pytest
 
 import jax_child
 
+pytestmark = pytest.mark.slow
+
 NUM_DEVICES = 8
 MESHES = {"data_fsdp_tensor": (2, 2, 2), "fsdp_tensor": (1, 4, 2), "data_fsdp": (2, 4, 1)}
 HEADS = ("pretraining", "classification", "regression", "token", "multiple_choice", "span")

@@ -13,6 +13,8 @@ import squad_fixtures
 from bertjax.tasks import squad_data
 from bertjax.tasks import squad_postprocess
 
+pytestmark = pytest.mark.slow
+
 
 # The original release (bert-tensorflow); its run_squad.py itself needs
 # TensorFlow 1's tf.contrib and is imported with stubs by tests/squad_original.py.

@@ -26,6 +26,8 @@ import pytest
 
 import jax_child
 
+pytestmark = pytest.mark.slow
+
 B, L, P = 2, 12, 3
 
 

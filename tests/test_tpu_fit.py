@@ -172,6 +172,7 @@ def _libtpu_child(payload, timeout=600):
   return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.tpu
 def test_libtpu_reports_available_hbm_per_chip():
   result = _libtpu_child({"topologies": ["v4:2x2x1", "v5e:2x4"]}, timeout=300)
   v4, v5e = result["v4:2x2x1"], result["v5e:2x4"]
@@ -200,6 +201,7 @@ def _finetune_child(accums):
   return out
 
 
+@pytest.mark.tpu
 def test_accumulation_shrinks_a_fine_tuning_steps_temporaries_on_one_v5e_chip():
   """The check behind docs/finetuning-runs.md's BERT-LARGE SQuAD v2.0 figures, on a
   small model: the same step at 1 and 4 micro-batches."""
@@ -236,6 +238,7 @@ def _two_slice_compile():
   return out
 
 
+@pytest.mark.tpu
 def test_a_two_slice_topology_compiles_with_data_parallelism_across_slices():
   result = _libtpu_child({"two_slices": True})
   base, large = result["base"], result["large"]
@@ -273,6 +276,7 @@ def _packed_compile():
   return out
 
 
+@pytest.mark.tpu
 def test_the_packed_train_step_compiles_for_a_v5e_slice_with_its_packed_rows():
   """With data.packing the benchmark compiles the packed step (splash with the
   packed example ids): 256 examples at factor 2 are 128 rows, which need less

@@ -22,7 +22,7 @@ import os
 
 from bertjax import downstream
 from bertjax.benchmarks import recipes
-from bertjax.train import usage
+from bertjax.train import cli
 
 # Devlin et al. (2018), Table 5: dev scores of BERT-BASE and its ablations.
 PAPER = {
@@ -71,7 +71,7 @@ def main():
   parser.add_argument("--_pretrain", choices=[_dirname(o) for o in PAPER],
                       help=argparse.SUPPRESS)
   args = parser.parse_args()
-  usage.quiet_library_logs()
+  cli.quiet_library_logs()
   root = os.path.abspath(args.workdir)
   if args._pretrain:  # pylint: disable=protected-access
     objective = {_dirname(o): o for o in PAPER}[args._pretrain]  # pylint: disable=protected-access

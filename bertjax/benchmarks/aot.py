@@ -7,7 +7,7 @@ the phase's global batch (the packed rows where data.packing is on) and
 returns what the compiled program tells: per-device memory against the HBM
 available, XLA's FLOPs beside the analytic count, its loops and, on several
 slices, the bytes each device sends over the data-center network.
-`build` is the setup it shares with the timed benchmark (bertjax/benchmark.py).
+`build` is the setup it shares with the timed benchmark (bertjax/benchmarks/step_bench.py).
 """
 
 import dataclasses

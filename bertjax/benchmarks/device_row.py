@@ -9,7 +9,7 @@ overruns the suite's budget takes only itself down. It writes the row's
 result as JSON to the spec's `result` path: status "ok" and its figures, or
 status "failed" and the error.
 
-The step is bertjax.benchmark's (aot.build, the synthetic batch, the jitted
+The step is bertjax.benchmarks.step_bench's (aot.build, the synthetic batch, the jitted
 train step), timed one step at a time (each step waited for, so that the
 median and range are per step). Before it runs, XLA's memory analysis of
 the compiled step is compared with what the device lets a program use; a
@@ -44,6 +44,7 @@ import numpy as np
 
 from bertjax.benchmarks import aot
 from bertjax.benchmarks import trace_summary
+from bertjax.input import device as device_lib
 from bertjax.input import packing as packing_lib
 from bertjax.input.synthetic import SyntheticSource
 from bertjax.model import attention
@@ -168,7 +169,7 @@ def packed_pair(config, phase, vocab_size: int, seed: int = 0) -> tuple[dict, di
   lengths = np.random.default_rng(seed).integers(length // 16, 5 * length // 8 + 1, size=n)
   unpacked = short_examples(source.batch(0), lengths, phase.max_predictions_per_seq)
   tokens, predictions, real = packing_lib.example_sizes(unpacked)
-  row, offset = packing_lib.first_fit(tokens, predictions, real, layout, decreasing=True)
+  row, offset = packing_lib.first_fit(tokens, predictions, real, layout)
   return unpacked, packing_lib.pack(unpacked, row, offset, layout), int((row < 0).sum())
 
 
@@ -237,8 +238,7 @@ def measure(setup: dict, batch_np: dict, spec: dict, *, profile: bool, prefix: s
   """Figures of the train step on one batch: compiled (fitted to the device's
   memory), timed and optionally profiled; setup["state"] moves on with the steps."""
   mesh, devices = setup["mesh"], setup["devices"]
-  batch_s = sharding_lib.batch_sharding(mesh)
-  batch = {k: jax.make_array_from_process_local_data(batch_s, v) for k, v in batch_np.items()}
+  batch = device_lib.to_global(batch_np, sharding_lib.batch_sharding(mesh))
   rng = jax.random.key(1)
   limit = int(spec.get("bytes_limit") or 0) or (devices[0].memory_stats() or {}).get(
       "bytes_limit")

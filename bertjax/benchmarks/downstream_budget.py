@@ -24,7 +24,7 @@ from typing import Optional
 
 from bertjax.benchmarks import recipes
 from bertjax.convert import weights
-from bertjax.train import usage
+from bertjax.train import cli
 
 
 def _checkpoints(specs: list[str], root: str, random_init: bool,
@@ -61,7 +61,7 @@ def main():
                       help="config.segment_b_init values, comma-separated: each checkpoint "
                       "is fine-tuned with each (empty: the config's).")
   args = parser.parse_args()
-  usage.quiet_library_logs()
+  cli.quiet_library_logs()
   root = os.path.abspath(args.root)
   if not os.path.isdir(os.path.join(root, "demo_data")):
     raise SystemExit(f"--root={args.root}: no demo_data/ there (run time_to_quality or "

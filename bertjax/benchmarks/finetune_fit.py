@@ -26,9 +26,9 @@ from ml_collections import config_flags
 
 from bertjax.benchmarks import tpu_topology
 from bertjax.model.config import BertConfig
-from bertjax.tasks import setup
 from bertjax.tasks import registry
 from bertjax.tasks import step as step_lib
+from bertjax.tasks import sweep_steps
 from bertjax.train import optimizer as opt_lib
 from bertjax.train import sharding as sharding_lib
 from bertjax.train import state as state_lib
@@ -91,7 +91,7 @@ def compile_step(config, topology: str, grad_accum_steps: int,
   rules = sharding_lib.rules(config.mesh)
   model = registry.model_for(task, model_config_of(config, vocab_size))
   tx = opt_lib.make_optimizer_with_runtime_peak(config.optimizer,
-                                                setup.unit_schedule(config, 1000))
+                                                sweep_steps.unit_schedule(config, 1000))
   init = registry.init_fn(task, config.max_seq_length)
   with sharding_lib.mesh_context(mesh, rules):
     abstract, shardings = state_lib.abstract_train_state(model, tx, mesh, rules, init)
@@ -128,7 +128,7 @@ def _gib(n) -> str:
 
 def define_flags() -> dict[str, Any]:
   """The command line's flags (defined only when run as a program, so that importing
-  this module beside bertjax.benchmark defines no flag twice)."""
+  this module beside bertjax.benchmarks.step_bench defines no flag twice)."""
   return {
       "config": config_flags.DEFINE_config_file("config", None, "Fine-tuning config file.",
                                                 lock_config=True),

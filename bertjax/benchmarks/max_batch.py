@@ -3,7 +3,7 @@
 Each try is an ahead-of-time compile (bertjax/benchmarks/aot.py) of the
 step at one per-device batch; memory grows close to linearly with the
 batch, so a few compiles predict the answer and two neighbouring ones
-confirm it. Used by `bertjax.benchmark --find_max_batch` and
+confirm it. Used by `bertjax.benchmarks.step_bench --find_max_batch` and
 bertjax/benchmarks/tpu_fit_table.py.
 """
 

@@ -88,7 +88,7 @@ def shares(pattern: str, length: int, batch: int, train_steps: int, chunk_steps:
   for b in _eval(pattern, length, batch):
     real += int(b["input_mask"].sum())
     slots += b["input_mask"].size
-    records += int(b["next_sentence_weights"].sum())
+    records += int(b["example_weights"].sum())
   out = {"records": records, "unpacked": real / slots}
   rows = packed_real = 0
   for b in _eval(pattern, length, batch,

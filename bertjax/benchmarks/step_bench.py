@@ -1,6 +1,6 @@
 """Measures the steady-state train step on synthetic data, or compiles it for a TPU slice.
 
-  python -m bertjax.benchmark --config=configs/base.py --phase=seq128 --steps=20
+  python -m bertjax.benchmarks.step_bench --config=configs/base.py --phase=seq128 --steps=20
 
 prints compile time, step time, sequences/s, tokens/s and utilisation (MFU
 from the analytic model FLOPs, HFU from XLA's count where it is complete; with
@@ -31,7 +31,7 @@ them over configs and slices."""
 # command line re-executes itself once with them, before the imports below
 # (bertjax/records/hostmem.py); imported from Python it does not.
 from bertjax.records import hostmem  # pylint: disable=g-bad-import-order
-hostmem.reexec_for_cpu("bertjax.benchmark")
+hostmem.reexec_for_cpu("bertjax.benchmarks.step_bench")
 
 import math
 import time
@@ -43,6 +43,7 @@ from ml_collections import config_flags
 
 from bertjax.benchmarks import aot
 from bertjax.benchmarks import max_batch
+from bertjax.input import device as device_lib
 from bertjax.input.synthetic import SyntheticSource
 from bertjax.train import flops
 from bertjax.train import profiling
@@ -108,9 +109,7 @@ def run_benchmark(config):
                            vocab_size=model_config.vocab_size, seed=0,
                            process_index=jax.process_index(),
                            process_count=jax.process_count())
-  batch_s = sharding_lib.batch_sharding(mesh)
-  batch = {k: jax.make_array_from_process_local_data(batch_s, v)
-           for k, v in source.batch(0).items()}
+  batch = device_lib.to_global(source.batch(0), sharding_lib.batch_sharding(mesh))
   rng = jax.random.key(1)
   with sharding_lib.mesh_context(mesh, rules):
     t0 = time.perf_counter()

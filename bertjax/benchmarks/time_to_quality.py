@@ -28,7 +28,7 @@ import argparse
 import os
 
 from bertjax.benchmarks import recipes
-from bertjax.train import usage
+from bertjax.train import cli
 
 
 def _plot(curves, budget, path):
@@ -91,7 +91,7 @@ def main():
   args = parser.parse_args()
   if args.modern_lr_scale < 0:
     parser.error(f"--modern_lr_scale must be >= 0, got {args.modern_lr_scale}")
-  usage.quiet_library_logs()
+  cli.quiet_library_logs()
   root = os.path.abspath(args.workdir)
   if args._pretrain:  # pylint: disable=protected-access
     name = args._pretrain  # pylint: disable=protected-access

@@ -1,6 +1,6 @@
 """TPU topologies compiled for on a CPU host: their devices and the HBM a program may use.
 
-Ahead-of-time compiles (bertjax.benchmark --topology, the fit table) take
+Ahead-of-time compiles (bertjax.benchmarks.step_bench --topology, the fit table) take
 their devices and their memory limit from here.
 """
 

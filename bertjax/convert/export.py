@@ -42,7 +42,7 @@ from bertjax.convert import run_vocab
 from bertjax.convert import weights
 from bertjax.model.config import BertConfig
 from bertjax.train import checkpoint as ckpt_lib
-from bertjax.train import usage
+from bertjax.train import cli
 
 FORMATS = ("safetensors", "flax", "tf1")
 _CHECKPOINT = flags.DEFINE_string(
@@ -136,4 +136,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  usage.run(main)
+  cli.run(main)

@@ -2,7 +2,7 @@
 
 `Predictor` runs BertForPreTraining's heads on the first local device;
 
-`load` reads what `python -m bertjax.predict` and the notebook take: a
+`load` reads what `python -m bertjax.fill_mask` and the notebook take: a
 bertjax checkpoint (saved on any mesh or topology: read onto the first
 local device) or a Hugging Face BERT directory, and finds the vocab the
 model was trained with: the run's data for a checkpoint (run_vocab.py), the

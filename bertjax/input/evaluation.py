@@ -6,7 +6,7 @@ files' order without shuffling or repeating, and the last batch is padded
 with rows of weight 0, so a metric summed over the batches counts every
 example exactly once, on any number of hosts. With packing, each host reads
 the sizes of its own contiguous share of the records scored and plans the
-packing of that share alone (packing.plan_rows), so none is left out and a
+packing of that share alone (packing.EvalPacker), so none is left out and a
 host's size pass costs its share, not the whole set; the hosts then agree
 on the most batches any of them needs. A limit on the batches selects the
 same records packed or not: the first max_batches x global_batch_size.
@@ -59,7 +59,7 @@ def eval_batches(file_pattern: str, global_batch_size: int, *, max_seq_length: i
   Unpacked, global batch g is records [g*B, (g+1)*B) of the sorted files and
   host h takes rows [h*b, (h+1)*b) of it, so the global batches do not depend
   on the number of hosts and every host yields ceil(N / B) batches; rows past the
-  last record are padding with next_sentence_weights = masked_lm_weights = 0.
+  last record are padding with example_weights = masked_lm_weights = 0.
   max_batches, if given, keeps the first max_batches x B records (N above),
   packed or not, so packed and unpacked runs score the same examples.
   With dynamic_masking the mask is that of epoch 0 (seed 0 unless given),
@@ -73,7 +73,7 @@ def eval_batches(file_pattern: str, global_batch_size: int, *, max_seq_length: i
   With `packing` (as for TrainSource; R rows per global batch, r = R / P
   per host of P), host h takes the contiguous share [h*N//P, (h+1)*N//P)
   of the N records, reads the sizes of those records only and packs them
-  first-fit decreasing into as many rows as they take (packing.plan_rows);
+  first-fit decreasing into as many rows as they take (packing.first_fit);
   its batch g is rows [g*r, (g+1)*r) of them. Each batch is a collective
   over all the devices, so every host runs the same number of batches:
   `agree` maps this host's count, ceil(own rows / r), to the count all

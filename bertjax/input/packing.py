@@ -13,8 +13,8 @@ apart with:
 * position_ids [R, L]: positions restart at 0 with each example.
 * next_sentence_positions [R, K]: where each example's first token ([CLS])
   sits; the next-sentence head reads the pooled output there.
-* next_sentence_labels / next_sentence_weights [R, K]: one label per packed
-  pair, weight 0 for the unused slots.
+* next_sentence_labels / example_weights [R, K]: one label and one weight
+  per packed example, weight 0 for the unused slots.
 * masked_lm_positions / _ids / _weights [R, max_predictions_per_row]: every
   prediction of every example of the row, its position moved by the
   example's offset in the row, unused slots weight 0.
@@ -25,14 +25,14 @@ unpacked, so its sums agree; training (TrainPacker) gives a step the
 examples of its chunk's steps reordered, and leaves out (and counts) the
 ones that fit in no row.
 
-Layout: first-fit (an example goes into the first row with room for its
-tokens, its predictions and one more example), in the given order or by
-decreasing length (first-fit decreasing, within 11/9 of the fewest rows
-plus one). Krell et al.'s SPFHP is a best-fit decreasing over a length
-histogram of the whole dataset; first-fit decreasing over each chunk comes
-close to it without a pass over the data. Evaluation plans each host's
-share of its records at once (plan_rows), first-fit decreasing over their
-size histogram.
+Layout: first-fit decreasing (first_fit): by decreasing length, each
+example goes into the first row with room for its tokens, its predictions
+and one more example; by token length alone this needs within 11/9 of the
+fewest rows plus one. Krell et al.'s SPFHP is a best-fit decreasing over a
+length histogram of the whole dataset; first-fit decreasing over each chunk
+comes close to it without a pass over the data. Training fills a fixed
+number of rows per chunk; evaluation places each host's share of its
+records at once, into as many rows as they take.
 """
 
 import dataclasses
@@ -133,29 +133,149 @@ def example_sizes(batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarr
 
 
 def first_fit(tokens_N: np.ndarray, predictions_N: np.ndarray, real_N: np.ndarray,
-              p: Packing, decreasing: bool) -> tuple[np.ndarray, np.ndarray]:
-  """(row [n], offset [n]) of each example in p.rows rows; -1 where an example
-  is not real or fits in no row."""
-  n = len(tokens_N)
-  row_N = np.full(n, -1, np.int64)
-  offset_N = np.full(n, -1, np.int64)
-  free_tokens_R = np.full(p.rows, p.max_seq_length, np.int64)
-  free_preds_R = np.full(p.rows, p.max_predictions_per_row, np.int64)
-  free_slots_R = np.full(p.rows, p.max_examples_per_row, np.int64)
+              p: Packing, as_needed: bool = False) -> tuple[np.ndarray, np.ndarray]:
+  """(row [n], offset [n]) of each real example placed first-fit decreasing;
+  -1 where an example is not real or fits in no row.
+
+  The real examples go by decreasing tokens (equal ones in their order),
+  each into the first row with room for its tokens, its predictions and one
+  more example. There are p.rows rows; with as_needed as many as the
+  examples take (p.rows is not read), numbered in the order they are
+  opened, so rows 0 .. row.max() all hold examples. A pure function of the
+  sizes and their order.
+  """
+  tokens_N = np.asarray(tokens_N, np.int64)
   order = np.flatnonzero(real_N)
-  if decreasing:
-    order = order[np.argsort(-tokens_N[order], kind="stable")]
-  for i in order.tolist():
-    fits_R = ((free_tokens_R >= tokens_N[i]) & (free_preds_R >= predictions_N[i])
-              & (free_slots_R > 0))
-    r = int(np.argmax(fits_R))
-    if not fits_R[r]:
-      continue
-    row_N[i], offset_N[i] = r, p.max_seq_length - free_tokens_R[r]
-    free_tokens_R[r] -= tokens_N[i]
-    free_preds_R[r] -= predictions_N[i]
-    free_slots_R[r] -= 1
+  order = order[np.argsort(-tokens_N[order], kind="stable")]
+  tokens_O, predictions_O = tokens_N[order], np.asarray(predictions_N, np.int64)[order]
+  if as_needed:
+    _check_fit(tokens_O, predictions_O, p)
+  smallest = (int(tokens_O.min()), int(predictions_O.min())) if len(order) else (0, 0)
+  rows = _OpenRows(p, len(order) if as_needed else p.rows, smallest)
+  row_O, offset_O = np.full((2, len(order)), -1, np.int64)
+  for lo, hi, tokens, predictions in _runs(tokens_O, predictions_O):
+    row, offset = rows.place(tokens, predictions, hi - lo)
+    row_O[lo:lo + len(row)], offset_O[lo:lo + len(row)] = row, offset
+  row_N = np.full(len(real_N), -1, np.int64)
+  offset_N = np.full(len(real_N), -1, np.int64)
+  row_N[order], offset_N[order] = row_O, offset_O
   return row_N, offset_N
+
+
+def _runs(tokens_O: np.ndarray, predictions_O: np.ndarray) -> list[tuple[int, int, int, int]]:
+  """(lo, hi, tokens, predictions) of each run [lo, hi) of examples of one size."""
+  lo = np.flatnonzero(np.diff(tokens_O, prepend=-1) | np.diff(predictions_O, prepend=-1))
+  hi = np.append(lo[1:], len(tokens_O))
+  return list(zip(lo.tolist(), hi.tolist(), tokens_O[lo].tolist(), predictions_O[lo].tolist()))
+
+
+_NONE = (np.zeros(0, np.int64), np.zeros(0, np.int64))  # (row, offset) of no example.
+
+
+class _OpenRows:
+  """The rows of a first-fit placement that may still take an example.
+
+  Examples of one size go into the first rows with room, each row taking as
+  many as it holds: where one example at a time would go, placed in numpy
+  over the rows. Rows are opened in number order, a block at a time as the
+  sizes need them, and those with no room for the smallest example are
+  dropped from the arrays every few sizes, so the work per size follows the
+  rows still open rather than all rows.
+  """
+
+  COMPACT_EVERY = 8  # Sizes placed between drops of the full rows.
+  OPEN_AT_LEAST = 32  # Empty rows opened at a time.
+
+  def __init__(self, p: Packing, limit: int, smallest: tuple[int, int]):
+    self.length, self.limit, self.smallest = p.max_seq_length, limit, smallest
+    self.empty = (p.max_seq_length, p.max_predictions_per_row, p.max_examples_per_row)
+    self.ids_R = np.zeros(limit, np.int64)  # Each open row's number.
+    # Each open row's free tokens, predictions and example slots.
+    self.free_R = tuple(np.zeros(limit, np.int32) for _ in range(3))
+    self.live = 0  # Open rows: the first `live` of each array.
+    self.opened = self.used = 0  # Rows opened; rows that hold an example (a prefix).
+    self.sizes = 0  # Sizes placed.
+
+  def place(self, tokens: int, predictions: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row [k], offset [k]) of the next m examples of one size, the first
+    k <= m of them (those that fit)."""
+    self._open(m, tokens, predictions)
+    if not self.live:  # Every row is full.
+      return _NONE
+    free_t, free_q, free_s = (f[:self.live] for f in self.free_R)
+    room_R = (free_t >= tokens) & (free_q >= predictions) & (free_s > 0)
+    if m == 1:  # Where sizes alternate: the first row with room, updated in place.
+      i = int(room_R.argmax())
+      if not room_R[i]:
+        return _NONE
+      offset = self.length - int(free_t[i])
+      free_t[i] -= tokens
+      free_q[i] -= predictions
+      free_s[i] -= 1
+      return self._placed(self.ids_R[[i]]), np.array([offset])
+    # Each row with room takes one or more: the first m of them take all that fit.
+    i = np.flatnonzero(room_R)[:m]
+    take = free_s[i]
+    if tokens:
+      np.minimum(take, free_t[i] // tokens, out=take)
+    if predictions:
+      np.minimum(take, free_q[i] // predictions, out=take)
+    last = take.cumsum()  # One past the last example each of those rows takes.
+    j = np.arange(min(m, int(last[-1]) if len(i) else 0))
+    k = last.searchsorted(j, side="right")  # Each example's row among i.
+    offset = self.length - free_t[i[k]] + (j - last[k] + take[k]) * tokens
+    n = np.bincount(k, minlength=len(i))
+    free_t[i] -= n * tokens
+    free_q[i] -= n * predictions
+    free_s[i] -= n
+    return self._placed(self.ids_R[i[k]]), offset
+
+  def _placed(self, rows: np.ndarray) -> np.ndarray:
+    """`rows`, after noting that they hold examples now; every few sizes the
+    full rows are dropped."""
+    if len(rows):
+      self.used = max(self.used, int(rows[-1]) + 1)
+    self.sizes += 1
+    if self.sizes % self.COMPACT_EVERY == 0:
+      self._compact()
+    return rows
+
+  def _open(self, m: int, tokens: int, predictions: int) -> None:
+    """Opens empty rows, OPEN_AT_LEAST at a time or as many as are left,
+    so that the empty open ones hold m examples of one size."""
+    if self.opened - self.used >= m or self.opened == self.limit:
+      return
+    per_row = min(self.empty[2], self.empty[0] // tokens if tokens else m,
+                  self.empty[1] // predictions if predictions else m)
+    if not per_row:
+      return
+    wanted = -(-m // per_row) - (self.opened - self.used)
+    new = min(self.limit - self.opened, max(wanted, self.OPEN_AT_LEAST))
+    if wanted > 0:
+      span = slice(self.live, self.live + new)
+      self.ids_R[span] = np.arange(self.opened, self.opened + new)
+      for f, e in zip(self.free_R, self.empty):
+        f[span] = e
+      self.opened, self.live = self.opened + new, self.live + new
+
+  def _compact(self) -> None:
+    """Drops the open rows with no room for the smallest example."""
+    free_t, free_q, free_s = (f[:self.live] for f in self.free_R)
+    keep = np.flatnonzero((free_t >= self.smallest[0]) & (free_q >= self.smallest[1])
+                          & (free_s > 0))
+    for a in (self.ids_R, *self.free_R):
+      a[:len(keep)] = a[keep]
+    self.live = len(keep)
+
+
+def _check_fit(tokens_O: np.ndarray, predictions_O: np.ndarray, p: Packing) -> None:
+  """Raises ValueError if an example fits in no empty row."""
+  too_big = (tokens_O > p.max_seq_length) | (predictions_O > p.max_predictions_per_row)
+  if too_big.any():
+    i = int(np.argmax(too_big))
+    raise ValueError(f"an example of {tokens_O[i]} tokens and {predictions_O[i]} predictions "
+                     f"fits in no empty packed row ({p.max_seq_length} tokens, "
+                     f"{p.max_predictions_per_row} predictions)")
 
 
 def pack(batch: Mapping[str, np.ndarray], row_N: np.ndarray, offset_N: np.ndarray,
@@ -241,7 +361,7 @@ class TrainPacker:
   def __call__(self, chunk: int, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The packed rows of chunk `chunk` ([chunk_steps x rows, ...]), in step order."""
     tokens_N, predictions_N, real_N = example_sizes(batch)
-    row_N, offset_N = first_fit(tokens_N, predictions_N, real_N, self._chunk, decreasing=True)
+    row_N, offset_N = first_fit(tokens_N, predictions_N, real_N, self._chunk)
     left = int((real_N & (row_N < 0)).sum())
     if left:
       self.overflow += left
@@ -264,105 +384,9 @@ class TrainPacker:
     return {"packing_overflow": self.overflow}
 
 
-def _take(free: tuple[int, int, int], tokens: int, predictions: int) -> int:
-  """How many examples of one size a row with `free` (tokens, predictions,
-  examples) still takes."""
-  n = free[2]
-  if tokens:
-    n = min(n, free[0] // tokens)
-  if predictions:
-    n = min(n, free[1] // predictions)
-  return n
-
-
-def _split(group: list, per: int, m: int, size_id: int, tokens: int,
-           predictions: int) -> tuple[list, int]:
-  """(the groups that `group` becomes, examples left) when m examples of
-  size class `size_id` go into its rows first-fit, `per` to a row: full rows, then
-  one row with the rest, then the rows left as they were."""
-  count, free, contents = group
-  full = min(m // per, count)
-  part = m - full * per if full < count else 0
-  placed = ((full, per), (1 if part else 0, part), (count - full - (1 if part else 0), 0))
-  out = [[c, (free[0] - n * tokens, free[1] - n * predictions, free[2] - n),
-          contents + (size_id,) * n] for c, n in placed if c]
-  return out, m - full * per - part
-
-
-def _place_size(open_groups: list, size_id: int, tokens: int, predictions: int, m: int,
-                empty: tuple[int, int, int]) -> list:
-  """The row groups after placing m examples of size class `size_id` first-fit:
-  each open group takes what fits, new rows after them the rest."""
-  out = []
-  for group in open_groups:
-    per = _take(group[1], tokens, predictions) if m else 0
-    if not per:
-      out.append(group)
-      continue
-    groups, m = _split(group, per, m, size_id, tokens, predictions)
-    out += groups
-  if m:
-    per = _take(empty, tokens, predictions)
-    if not per:
-      raise ValueError(f"an example of {tokens} tokens and {predictions} predictions fits "
-                       "in no empty packed row")
-    groups, m = _split([-(-m // per), empty, ()], per, m, size_id, tokens, predictions)
-    out += groups
-  return out
-
-
-def _group_slots(groups: list, tokens_S: np.ndarray) -> tuple[np.ndarray, ...]:
-  """(row, size class, offset) of every example slot of `groups`, whose rows
-  are numbered in order; tokens_S: each size class's tokens."""
-  rows, sizes, offsets, start = [], [], [], 0
-  for count, _, contents in groups:
-    offset = 0
-    for size_id in contents:
-      rows.append(np.arange(start, start + count))
-      sizes.append(np.full(count, size_id))
-      offsets.append(np.full(count, offset))
-      offset += int(tokens_S[size_id])
-    start += count
-  return tuple(np.concatenate(a + [np.zeros(0, np.int64)]) for a in (rows, sizes, offsets))
-
-
-def plan_rows(tokens_N: np.ndarray, predictions_N: np.ndarray, real_N: np.ndarray,
-              p: Packing) -> tuple[np.ndarray, np.ndarray, int]:
-  """(row [n], offset [n], rows): every real example first-fit decreasing
-  into as many rows as it takes (p.rows is not read); others get -1.
-
-  The examples are grouped by size, (tokens, predictions), and placed a
-  size at a time, longest first, into groups of identical rows, so the
-  loop runs over sizes and row groups rather than examples; within a size
-  the examples take its slots in file order. A pure function of the sizes:
-  every host that plans the same sizes gets the same rows.
-  """
-  real = np.flatnonzero(real_N)
-  tokens = np.asarray(tokens_N, np.int64)[real]
-  predictions = np.asarray(predictions_N, np.int64)[real]
-  width = int(predictions.max(initial=0)) + 1
-  sizes_S, size_of, counts_S = np.unique(tokens * width + predictions, return_inverse=True,
-                                         return_counts=True)
-  empty = (p.max_seq_length, p.max_predictions_per_row, p.max_examples_per_row)
-  smallest = (int(tokens.min(initial=0)), int(predictions.min(initial=0)))
-  open_groups, closed = [], []  # Closed: rows with no room for the smallest example.
-  for size_id in range(len(sizes_S) - 1, -1, -1):  # Longest first.
-    t, q = divmod(int(sizes_S[size_id]), width)
-    open_groups = _place_size(open_groups, size_id, t, q, int(counts_S[size_id]), empty)
-    closed += [g for g in open_groups if not _take(g[1], *smallest)]
-    open_groups = [g for g in open_groups if _take(g[1], *smallest)]
-  slot_rows, slot_sizes, slot_offsets = _group_slots(closed + open_groups, sizes_S // width)
-  slots = np.lexsort((slot_rows, slot_sizes))  # By size, then row.
-  examples = real[np.argsort(size_of, kind="stable")]  # By size, then file order.
-  row_N = np.full(len(tokens_N), -1, np.int64)
-  offset_N = np.full(len(tokens_N), -1, np.int64)
-  row_N[examples], offset_N[examples] = slot_rows[slots], slot_offsets[slots]
-  return row_N, offset_N, sum(g[0] for g in closed + open_groups)
-
-
 class EvalPacker:
   """One host's packed evaluation batches, from one plan over its share of
-  the records (plan_rows).
+  the records (first_fit into as many rows as they take).
 
   The share is records [first_record, first_record + n) and tokens_N,
   predictions_N, real_N are their sizes. Batch `step` is rows
@@ -374,8 +398,8 @@ class EvalPacker:
 
   def __init__(self, p: Packing, tokens_N, predictions_N, real_N, first_record: int = 0):
     self.p = p
-    row_N, offset_N, rows = plan_rows(tokens_N, predictions_N, real_N, p)
-    self.num_batches = -(-rows // p.rows)
+    row_N, offset_N = first_fit(tokens_N, predictions_N, real_N, p, as_needed=True)
+    self.num_batches = -(-(int(row_N.max(initial=-1)) + 1) // p.rows)
     placed = np.flatnonzero(row_N >= 0)
     placed = placed[np.argsort(row_N[placed], kind="stable")]  # By batch.
     self._records = placed + first_record

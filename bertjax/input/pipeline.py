@@ -253,12 +253,9 @@ class TrainSource:
                require_metadata: bool = False, verify_crc: bool = True,
                read_threads: int = 4, prefetch: int = 4,
                packing: Optional[Mapping[str, int]] = None):
-    index, count = process_slot(process_index, process_count)
+    index, count = process_slot(process_index, process_count, global_batch_size)
     if order not in ORDERS:
       raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
-    if global_batch_size <= 0 or global_batch_size % count:
-      raise ValueError(f"global batch size {global_batch_size} is not a positive "
-                       f"multiple of the {count} processes; change the batch size.")
     if shuffle_block < 1:
       raise ValueError(f"shuffle_block must be >= 1, got {shuffle_block}")
     self.files = list_files(file_pattern)
@@ -362,14 +359,22 @@ class TrainSource:
     return self._batches.stats()
 
 
-def process_slot(index: Optional[int], count: Optional[int]) -> tuple[int, int]:
-  """(process index, process count): the given ones, or jax's where None."""
+def process_slot(index: Optional[int], count: Optional[int],
+                 global_batch_size: Optional[int] = None) -> tuple[int, int]:
+  """(process index, process count): the given ones, or jax's where None.
+
+  With global_batch_size, also checks that the processes share it evenly:
+  each takes global_batch_size // count rows of every global batch.
+  """
   if index is None or count is None:
     import jax  # pylint: disable=g-import-not-at-top
     index = jax.process_index() if index is None else index
     count = jax.process_count() if count is None else count
   if not 0 <= index < count:
     raise ValueError(f"process_index {index} is not in [0, {count}).")
+  if global_batch_size is not None and (global_batch_size <= 0 or global_batch_size % count):
+    raise ValueError(f"global batch size {global_batch_size} is not a positive "
+                     f"multiple of the {count} processes; change the batch size.")
   return index, count
 
 

@@ -13,7 +13,7 @@ allocates from the main heap), no mmap for large blocks, and a 2 GiB trim
 threshold. glibc reads GLIBC_TUNABLES when the process starts, before any
 thread has its own arena, so `reexec_for_cpu(module)` re-executes the process
 once with them set. The command-line programs `bertjax.main`,
-`bertjax.finetune` and `bertjax.benchmark` call it first, before their heavy
+`bertjax.finetune` and `bertjax.benchmarks.step_bench` call it first, before their heavy
 imports, and it acts only where the process is that program's own command
 line (`entry_module`: `python -m bertjax.main ...` or a console script of
 `CONSOLE_SCRIPTS`); imported or called from Python (`main.run()` in a

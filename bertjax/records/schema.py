@@ -36,7 +36,7 @@ FEATURES = {
 # next_sentence_labels is squeezed to shape [batch]) plus this per-example
 # weight, 1.0 for a real example and 0.0 for padding added to fill the last
 # evaluation batch.
-EXAMPLE_WEIGHT_KEY = "next_sentence_weights"
+EXAMPLE_WEIGHT_KEY = "example_weights"
 
 # Fields that a packed batch (bertjax/input/packing.py: several examples per
 # row) adds to the model batch, each [rows, ...]: packed_example_ids and

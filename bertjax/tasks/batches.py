@@ -22,20 +22,10 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from bertjax.input.pipeline import epoch_order
+from bertjax.input.pipeline import epoch_order, process_slot
 
 WEIGHT_KEY = "weights"  # 1.0 for a real example, 0.0 for padding.
 EXAMPLE_ID_KEY = "example_ids"  # An evaluation row's example (its row in the split); -1: padding.
-
-
-def _process(index: Optional[int], count: Optional[int], global_batch_size: int):
-  if index is None or count is None:
-    import jax  # pylint: disable=g-import-not-at-top
-    index, count = jax.process_index(), jax.process_count()
-  if global_batch_size <= 0 or global_batch_size % count:
-    raise ValueError(f"batch size {global_batch_size} is not a positive multiple of the "
-                     f"{count} processes")
-  return index, count
 
 
 def bucket_lengths(max_seq_length: int, min_length: int) -> tuple[int, ...]:
@@ -138,7 +128,7 @@ def train_batches(arrays: dict[str, np.ndarray], global_batch_size: int, *, seed
   it, each batch cut to its bucket length), so a resumed run continues with
   the same rows.
   """
-  index, count = _process(process_index, process_count, global_batch_size)
+  index, count = process_slot(process_index, process_count, global_batch_size)
   n = len(next(iter(arrays.values())))
   if n == 0:
     raise ValueError("the training split has no examples")
@@ -178,7 +168,7 @@ def eval_batches(arrays: dict[str, np.ndarray], global_batch_size: int, *,
   """Every row once, in eval_order; the last global batch is padded with weight-0
   rows. With buckets, each batch is cut to its bucket length. Each row carries
   its example id (EXAMPLE_ID_KEY: its row in `arrays`, -1 for padding)."""
-  index, count = _process(process_index, process_count, global_batch_size)
+  index, count = process_slot(process_index, process_count, global_batch_size)
   order = eval_order(arrays, buckets)
   n = len(order)
   lengths = example_lengths(arrays) if buckets else None

@@ -9,7 +9,7 @@ checkpoint (and stopping early after early_stopping_patience evaluations
 without a better one, if set), logs to TensorBoard and writes the final and
 the best dev metrics to WORKDIR/results.json (tasks/trainer.py runs the
 steps). The runs of a sweep share one compiled train step and predict step
-(setup.Steps): the peak learning rate is a value in the optimizer state. Starting
+(sweep_steps.SweepSteps): the peak learning rate is a value in the optimizer state. Starting
 weights come
 from config.init_from through the injected weights loader
 (bertjax.convert.weights.load_weights: a bertjax pretraining checkpoint of any
@@ -36,7 +36,7 @@ from bertjax.records import fileio
 from bertjax.tasks import batches as batches_lib
 from bertjax.tasks import features
 from bertjax.tasks import registry
-from bertjax.tasks import setup
+from bertjax.tasks import sweep_steps
 from bertjax.tasks import trainer as trainer_lib
 from bertjax.tasks.best import BestDev
 from bertjax.tasks.split import Split
@@ -44,8 +44,8 @@ from bertjax.text import tokenization
 from bertjax.train import checkpoint as ckpt_lib
 from bertjax.train import run_record
 from bertjax.train import sharding as sharding_lib
+from bertjax.train.cli import quiet_library_logs
 from bertjax.train.logger import MetricLogger
-from bertjax.train.usage import quiet_library_logs
 from bertjax.train.preemption import PreemptionGuard
 
 # (path, abstract encoder params, model config) -> BertModel's params, e.g.
@@ -150,7 +150,7 @@ def evaluate(predict_fn, state, dev: list[Split], batch_size: int, sharding,
 def finetune_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
                           weights_loader: Optional[WeightsLoader] = None,
                           prepared: Optional[Prepared] = None,
-                          steps: Optional[setup.Steps] = None) -> dict[str, Any]:
+                          steps: Optional[sweep_steps.SweepSteps] = None) -> dict[str, Any]:
   """Runs (or resumes) one fine-tuning run in `workdir`; returns its results, or
   {"preempted_at_step": step} when a SIGTERM stopped it (saved: rerun to resume)."""
   quiet_library_logs()
@@ -159,7 +159,7 @@ def finetune_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     logging.info("%s exists: the run in %s is complete.", results_path, workdir)
     return json.loads(fileio.read_text(results_path))
   prepared = prepared or prepare(config)
-  steps = steps or setup.build_steps(config, prepared)
+  steps = steps or sweep_steps.build_sweep_steps(config, prepared)
   task, num_steps = prepared.task, steps.num_steps
   checkpointer = ckpt_lib.Checkpointer(os.path.join(workdir, CHECKPOINTS),
                                        keep=config.checkpoint.keep,
@@ -168,11 +168,11 @@ def finetune_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       os.path.join(workdir, BEST_CHECKPOINT), keep=1, async_save=config.checkpoint.async_save)
                        if config.eval_every_steps else None)
   try:
-    state, resumed = setup.initial_state(config, prepared.model_config, steps,
+    state, resumed = sweep_steps.initial_state(config, prepared.model_config, steps,
                                               checkpointer, weights_loader)
     sharding = sharding_lib.batch_sharding(steps.mesh)
     peak = config.optimizer.learning_rate
-    fixed = trainer_lib.Fixed(
+    run = trainer_lib.FineTuningRun(
         config=config, num_steps=num_steps,
         learning_rate=lambda t: peak * float(steps.unit_schedule(t)),
         p_train=steps.p_train, mesh=steps.mesh, train=prepared.train, dev=prepared.dev,
@@ -185,14 +185,14 @@ def finetune_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
     if jax.process_index() == 0:
       # The run record: exports find the vocab through init_from, as for pretraining runs.
       record = json.loads(config.to_json())
-      record["model"] = fixed.meta["model"]
+      record["model"] = run.meta["model"]
       run_record.write(workdir, record)
     best = BestDev(task.primary, task.dev_splits[0], config.early_stopping_patience,
                    (resumed or {}).get("best"))
     with MetricLogger(workdir, prepared.model_config, num_steps) as logger, \
         PreemptionGuard() as guard, sharding_lib.mesh_context(steps.mesh, steps.rules):
       tuner = trainer_lib.FineTuner(
-          fixed, state, jax.random.fold_in(jax.random.key(config.seed), 1),
+          run, state, jax.random.fold_in(jax.random.key(config.seed), 1),
           checkpointer=checkpointer, best_checkpointer=best_checkpointer, logger=logger,
           guard=guard, best=best, resumed=resumed)
       if not tuner.train():
@@ -250,7 +250,7 @@ def sweep(config: ml_collections.ConfigDict, workdir: str,
   metric (each run's best evaluation). All runs call one compiled train step and one
   predict step. Returns {"preempted_at_step": step} when a SIGTERM stopped a run."""
   prepared = prepare(config)
-  steps = setup.build_steps(config, prepared)
+  steps = sweep_steps.build_sweep_steps(config, prepared)
   runs = []
   for lr in config.sweep.learning_rates:
     for seed in config.sweep.seeds:
@@ -285,7 +285,7 @@ def compare_with_random_init(config: ml_collections.ConfigDict, workdir: str,
   evaluation (pretrained_best). Returns {"preempted_at_step": step} when a SIGTERM
   stopped a run."""
   prepared = prepare(config)
-  steps = setup.build_steps(config, prepared)
+  steps = sweep_steps.build_sweep_steps(config, prepared)
   pretrained = finetune_and_evaluate(config, os.path.join(workdir, "pretrained"),
                                      weights_loader, prepared, steps)
   if "preempted_at_step" in pretrained:

@@ -1,5 +1,5 @@
 """What a fine-tuning run is built from: the compiled steps that every run of a sweep
-shares (Steps), and a run's starting state (its checkpoint, init_from's encoder or a
+shares (SweepSteps), and a run's starting state (its checkpoint, init_from's encoder or a
 fresh init) with its own peak learning rate."""
 
 import dataclasses
@@ -30,7 +30,7 @@ def unit_schedule(config, num_steps: int) -> optax.Schedule:
 
 
 @dataclasses.dataclass(frozen=True)
-class Steps:
+class SweepSteps:
   """What the runs of a sweep share besides the data: the step count, the model, the
   optimizer (its peak learning rate is in the state) and the jitted steps, so that
   every run calls the same compiled train and predict steps."""
@@ -45,8 +45,8 @@ class Steps:
   p_predict: Any
 
 
-def build_steps(config: ml_collections.ConfigDict, prepared) -> Steps:
-  """The Steps of runs of `config` on `prepared`'s data (loop.Prepared), for any
+def build_sweep_steps(config: ml_collections.ConfigDict, prepared) -> SweepSteps:
+  """The SweepSteps of runs of `config` on `prepared`'s data (loop.Prepared), for any
   learning rate and seed."""
   _check_run_fields(config)
   num_steps = max(1, batches_lib.train_steps(len(prepared.train), config.global_batch_size,
@@ -66,7 +66,7 @@ def build_steps(config: ml_collections.ConfigDict, prepared) -> Steps:
   init = registry.init_fn(prepared.task, config.max_seq_length)
   _, shardings = state_lib.abstract_train_state(model, tx, mesh, rules, init)
   p_train, p_predict = step_lib.jit_steps(shardings, mesh, prepared.task.kind, accum)
-  return Steps(num_steps, schedule, model, init, tx, mesh, rules, p_train, p_predict)
+  return SweepSteps(num_steps, schedule, model, init, tx, mesh, rules, p_train, p_predict)
 
 
 def _check_run_fields(config):
@@ -85,7 +85,7 @@ def _check_run_fields(config):
                      "training: set --config.eval_every_steps too")
 
 
-def initial_state(config, model_config: BertConfig, steps: Steps, checkpointer,
+def initial_state(config, model_config: BertConfig, steps: SweepSteps, checkpointer,
                   weights_loader):
   """(state with the run's peak learning rate, meta of the resumed checkpoint or None)."""
   rng = jax.random.key(config.seed)

@@ -23,6 +23,7 @@ from bertjax.tasks import batches as batches_lib
 from bertjax.tasks.best import BestDev
 from bertjax.tasks.split import Split
 from bertjax.train import checkpoint as ckpt_lib
+from bertjax.train import optimizer as opt_lib
 from bertjax.train import sharding as sharding_lib
 from bertjax.train.logger import MetricLogger, window_means
 from bertjax.train.preemption import PreemptionGuard
@@ -33,7 +34,7 @@ Evaluate = Callable[[Any, Optional[str]], dict[str, Any]]
 
 
 @dataclasses.dataclass(frozen=True)
-class Fixed:
+class FineTuningRun:
   """What stays fixed for the run."""
   config: ml_collections.ConfigDict
   num_steps: int
@@ -49,10 +50,10 @@ class Fixed:
 class FineTuner:
   """The run in progress: its state, step, best dev evaluation and checkpoints."""
 
-  def __init__(self, fixed: Fixed, state, dropout_rng, *, checkpointer: ckpt_lib.Checkpointer,
+  def __init__(self, run: FineTuningRun, state, dropout_rng, *, checkpointer: ckpt_lib.Checkpointer,
                best_checkpointer: Optional[ckpt_lib.Checkpointer], logger: MetricLogger,
                guard: PreemptionGuard, best: BestDev, resumed: Optional[dict[str, Any]]):
-    self.fixed, self.state, self.dropout_rng = fixed, state, dropout_rng
+    self.run, self.state, self.dropout_rng = run, state, dropout_rng
     self.checkpointer, self.best_checkpointer = checkpointer, best_checkpointer
     self.logger, self.guard, self.best = logger, guard, best
     self.step = int(jax.device_get(state.step))
@@ -63,23 +64,23 @@ class FineTuner:
     counts = (resumed or {}).get("nonfinite", {})
     self.metrics = StepMetrics(
         on_nonfinite="Lower --config.optimizer.learning_rate or check the data.",
-        max_nonfinite_in_a_row=fixed.config.optimizer.max_nonfinite_in_a_row,
+        max_nonfinite_in_a_row=run.config.optimizer.max_nonfinite_in_a_row,
         skipped=counts.get("skipped_steps", 0), in_a_row=counts.get("nonfinite_in_a_row", 0))
-    self._sharding = sharding_lib.batch_sharding(fixed.mesh)
+    self._sharding = sharding_lib.batch_sharding(run.mesh)
 
   def train(self) -> bool:
     """Trains to the last step, or until early stopping; False when stopped (and
     saved) for a preemption."""
-    config, num_steps = self.fixed.config, self.fixed.num_steps
+    config, num_steps = self.run.config, self.run.num_steps
     if self.best.should_stop():
       return True  # Stopped early before the restart.
     t0 = time.perf_counter()
-    for batch in batches_lib.train_batches(self.fixed.train.arrays, config.global_batch_size,
+    for batch in batches_lib.train_batches(self.run.train.arrays, config.global_batch_size,
                                            seed=config.seed, start_step=self.step,
                                            num_steps=num_steps,
                                            buckets=batches_lib.buckets_of(config),
                                            group_batches=config.bucketing.group_batches):
-      self.state, metrics = self.fixed.p_train(
+      self.state, metrics = self.run.p_train(
           self.state, device_lib.to_global(batch, self._sharding), self.dropout_rng)
       self.step += 1
       self.metrics.add(self.step, metrics)
@@ -111,7 +112,7 @@ class FineTuner:
     """The dev metrics of the current (last) step, its prediction files in output_dir;
     saves that step with the evaluation in its meta."""
     if (self._last_eval is not None and self._last_eval[0] == self.step
-        and not any(split.writes_outputs for split in self.fixed.dev)):
+        and not any(split.writes_outputs for split in self.run.dev)):
       dev = self._last_eval[1]
     else:
       dev = self.evaluate(output_dir=output_dir)
@@ -122,7 +123,7 @@ class FineTuner:
   def evaluate(self, output_dir: Optional[str]) -> dict[str, Any]:
     """Dev metrics of the current step, to TensorBoard; saves the best checkpoint when
     they are the best yet and periodic evaluation keeps one."""
-    dev = self.fixed.evaluate(self.state, output_dir)
+    dev = self.run.evaluate(self.state, output_dir)
     self._last_eval = (self.step, dev)
     for name, m in dev.items():
       self.logger.write(self.step, {k: v for k, v in m.items() if k != "num_examples"},
@@ -134,7 +135,7 @@ class FineTuner:
     return dev
 
   def meta(self) -> dict[str, Any]:
-    return dict(self.fixed.meta, nonfinite=self.metrics.counts(), best=self.best.to_meta())
+    return dict(self.run.meta, nonfinite=self.metrics.counts(), best=self.best.to_meta())
 
   def save(self):
     """Checkpoints the current step (once its metrics are read back and its parameters
@@ -149,10 +150,9 @@ class FineTuner:
     with the counts of skipped (non-finite) steps."""
     host = self.metrics.take_window()  # Reads back and counts the skipped steps first.
     m = window_means(host)
-    # The learning rate of the latest step (optimizer.scale_by_schedule_at_step).
-    m["learning_rate"] = float(self.fixed.learning_rate(self.step - 1))
+    m["learning_rate"] = opt_lib.latest_learning_rate(self.run.learning_rate, self.step)
     m["steps_per_second"] = len(host) / max(time.perf_counter() - t0, 1e-9)
     m.update(self.metrics.counts())
-    logging.info("step %d/%d %s", self.step, self.fixed.num_steps,
+    logging.info("step %d/%d %s", self.step, self.run.num_steps,
                  "  ".join(f"{k} {v:.4g}" for k, v in sorted(m.items())))
     self.logger.write(self.step, m, prefix="train")

@@ -11,6 +11,7 @@ import os
 from typing import Mapping
 
 import jax
+from absl import logging
 
 MODES = ("auto", "on", "off")
 HELP = ("Call jax.distributed.initialize(): auto does so where the environment names a "
@@ -54,11 +55,14 @@ def multiprocess_env(environ: Mapping[str, str]) -> bool:
 
 
 def initialize(mode: str, environ: Mapping[str, str] = os.environ) -> bool:
-  """Calls jax.distributed.initialize() for --distributed=`mode` (MODES);
-  returns whether it did."""
+  """Calls jax.distributed.initialize() for --distributed=`mode` (MODES),
+  logs this process's place among the processes and devices, and returns
+  whether it initialized."""
   if mode not in MODES:
     raise ValueError(f"--distributed={mode}: expected one of {', '.join(MODES)}")
-  if mode == "on" or (mode == "auto" and multiprocess_env(environ)):
+  joined = mode == "on" or (mode == "auto" and multiprocess_env(environ))
+  if joined:
     jax.distributed.initialize()
-    return True
-  return False
+  logging.info("JAX process %d of %d, %d devices (%s).", jax.process_index(),
+               jax.process_count(), jax.device_count(), jax.devices()[0].device_kind)
+  return joined

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bertjax.input import device as device_lib
 from bertjax.records.schema import DEFAULT_OBJECTIVE, EXAMPLE_WEIGHT_KEY
 from bertjax.train import step as step_lib
 
@@ -45,9 +46,7 @@ class Evaluator:
     """Evaluates `state` on this host's batches; every host must call it together."""
     totals = None
     for batch in host_batches:
-      device_batch = {k: jax.make_array_from_process_local_data(self._sharding, v)
-                      for k, v in batch.items()}
-      out = self._step(state, device_batch)
+      out = self._step(state, device_lib.to_global(batch, self._sharding))
       totals = out if totals is None else jax.tree.map(jnp.add, totals, out)
     if totals is None:
       raise ValueError("evaluation read no batches: the eval files are empty")

@@ -28,12 +28,12 @@ from bertjax.train import profiling
 from bertjax.train import run_config
 from bertjax.train import run_record
 from bertjax.train import sharding as sharding_lib
-from bertjax.train import start as start_lib
+from bertjax.train import starting_state
+from bertjax.train.cli import quiet_library_logs
 from bertjax.train.logger import MetricLogger, RunClock
-from bertjax.train.usage import quiet_library_logs
 from bertjax.train.preemption import PreemptionGuard
-from bertjax.train.start import WeightsLoader
-from bertjax.train.trainer import Run, Trainer
+from bertjax.train.starting_state import WeightsLoader
+from bertjax.train.trainer import PretrainingRun, Trainer
 
 
 def _data_vocab_size(config) -> Optional[int]:
@@ -88,9 +88,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
       logging.info("The run in %s is complete (step %d of %d); nothing to do.",
                    workdir, latest, config.total_steps)
       return json.loads(fileio.read_text(summary_path))
-    start = start_lib.initial_state(
+    start = starting_state.initial_state(
         model, tx, run.mesh, sharding_lib.rules(config.mesh), seed=config.seed,
-        sources=start_lib.Sources(checkpointer, latest, config.init_from, weights_loader))
+        sources=starting_state.Sources(checkpointer, latest, config.init_from, weights_loader))
     run_record.check_position(run.plan, latest or 0, start.meta)
     if jax.process_index() == 0:
       run_record.write(workdir, recorded)
@@ -117,7 +117,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str,
   return summary
 
 
-def _setup(config) -> tuple[Run, BertForPreTraining, Any, dict[str, Any]]:
+def _setup(config) -> tuple[PretrainingRun, BertForPreTraining, Any, dict[str, Any]]:
   """Checks the config (before anything compiles) and builds the run's fixed pieces."""
   vocab_size = config.model.vocab_size or _data_vocab_size(config)
   if not vocab_size:
@@ -148,7 +148,7 @@ def _setup(config) -> tuple[Run, BertForPreTraining, Any, dict[str, Any]]:
   schedule = opt_lib.learning_rate_schedule(
       config.optimizer, config.total_steps, [p.start for p in plan] + [plan[-1].end],
       [p.warmup_steps for p in plan])
-  run = Run(config, model_config, plan, schedule, sharding_lib.make_mesh(config.mesh),
+  run = PretrainingRun(config, model_config, plan, schedule, sharding_lib.make_mesh(config.mesh),
             _train_source)
   recorded = run_record.record(config, model_config, jax.process_count())
   return (run, BertForPreTraining(model_config),

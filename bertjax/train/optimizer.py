@@ -68,13 +68,18 @@ def learning_rate_schedule(opt_config, total_steps: int, bounds: Sequence[int],
   return optax.join_schedules(schedules, list(bounds[1:-1]))
 
 
+def _path_names(path) -> list[str]:
+  """The names along a pytree key path (dict keys, attribute names), without
+  the `.value` of logical-partitioning boxes, so that boxed and plain
+  parameter trees give the same names."""
+  names = [getattr(k, "key", getattr(k, "name", str(k))) for k in path]
+  return [n for n in names if n != "value"]
+
+
 def decay_mask(params) -> Any:
   """True for the parameters that get weight decay: all but biases and LayerNorm."""
   def is_decayed(path, _):
-    # Skip the `.value` of logical-partitioning boxes, so that boxed and
-    # plain parameter trees give the same mask.
-    names = [getattr(k, "key", getattr(k, "name", str(k))) for k in path]
-    names = [n for n in names if n != "value"]
+    names = _path_names(path)
     leaf, parent = names[-1], (names[-2] if len(names) > 1 else "")
     return not (leaf in ("bias", "output_bias") or "layer_norm" in parent)
   return jax.tree_util.tree_map_with_path(is_decayed, params)
@@ -87,8 +92,7 @@ def stacked_layer_mask(params) -> Any:
   the layer index first; the unrolled encoder names them layer_0, layer_1...
   """
   def is_stacked(path, _):
-    names = [getattr(k, "key", getattr(k, "name", str(k))) for k in path]
-    return "layers" in names
+    return "layers" in _path_names(path)
   return jax.tree_util.tree_map_with_path(is_stacked, params)
 
 
@@ -211,6 +215,12 @@ def scale_by_schedule_at_step(schedule: optax.Schedule
     return updates, optax.ScaleByScheduleState(count=t + 1)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def latest_learning_rate(schedule: Callable[[int], Any], steps_done: int) -> float:
+  """The learning rate of the latest step after `steps_done` steps: step
+  steps_done - 1's, since scale_by_schedule_at_step reads the step's number."""
+  return float(schedule(steps_done - 1))
 
 
 def make_optimizer_with_runtime_peak(opt_config, unit_schedule: optax.Schedule,

@@ -245,7 +245,7 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: Optional[int] = 
   """Raises ConfigError naming the field; returns the model config.
 
   `compile_only`: the steps are compiled for the batches' shapes but fed no
-  records (bertjax.benchmark), so packing needs no record source.
+  records (bertjax.benchmarks.step_bench), so packing needs no record source.
 
   `num_devices` (in `num_slices` slices) resolves a -1 in config.mesh;
   without it the checks that need the mesh's sizes take only the sizes the

@@ -20,7 +20,7 @@ WeightsLoader = Callable[[str, Any, BertConfig], Any]
 
 
 @dataclasses.dataclass(frozen=True)
-class Start:
+class StartingState:
   """The state to train from, its shardings, the run's dropout key, and the
   resumed checkpoint's metadata (None when not resuming)."""
   state: state_lib.TrainState
@@ -39,7 +39,7 @@ class Sources:
 
 
 def initial_state(model: BertForPreTraining, tx: optax.GradientTransformation, mesh,
-                  rules, *, seed: int, sources: Sources) -> Start:
+                  rules, *, seed: int, sources: Sources) -> StartingState:
   """Resumes from the latest checkpoint, else starts from init_from or a fresh init.
 
   A resumed run reads its state straight into the abstract (sharded) state,
@@ -53,7 +53,7 @@ def initial_state(model: BertForPreTraining, tx: optax.GradientTransformation, m
     state, meta = sources.checkpointer.restore(abstract, shardings, sources.latest_step)
     logging.info("Resumed from the checkpoint at step %d (phase %s, data step %d).",
                  sources.latest_step, meta["phase"], meta["data_step"])
-    return Start(state, shardings, ckpt_lib.rng_from_json(meta["rng"]), meta)
+    return StartingState(state, shardings, ckpt_lib.rng_from_json(meta["rng"]), meta)
   params = None
   if sources.init_from:
     if sources.weights_loader is None:
@@ -66,4 +66,4 @@ def initial_state(model: BertForPreTraining, tx: optax.GradientTransformation, m
     logging.info("Started from the weights in %s at step 0.", sources.init_from)
   else:
     logging.info("Started from a fresh initialisation (seed %d).", seed)
-  return Start(state, shardings, dropout_rng, None)
+  return StartingState(state, shardings, dropout_rng, None)

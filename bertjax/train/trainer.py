@@ -24,6 +24,7 @@ from bertjax.input import evaluation
 from bertjax.model.config import BertConfig
 from bertjax.train import checkpoint as ckpt_lib
 from bertjax.train import evaluate as eval_lib
+from bertjax.train import optimizer as opt_lib
 from bertjax.train import profiling
 from bertjax.train import run_config
 from bertjax.train import sharding as sharding_lib
@@ -34,7 +35,7 @@ from bertjax.train.step_metrics import StepMetrics
 
 
 @dataclasses.dataclass(frozen=True)
-class Run:
+class PretrainingRun:
   """What stays fixed for the whole run."""
   config: ml_collections.ConfigDict
   model_config: BertConfig
@@ -65,7 +66,7 @@ def sum_over_hosts(counts: dict[str, int]) -> dict[str, int]:
 class Trainer:
   """The run in progress: its state, step and finished phases' results."""
 
-  def __init__(self, run: Run, state, shardings, dropout_rng, *,
+  def __init__(self, run: PretrainingRun, state, shardings, dropout_rng, *,
                checkpointer: ckpt_lib.Checkpointer, logger: MetricLogger,
                guard: PreemptionGuard, finished_phases: dict[str, Any],
                profile: profiling.ProfileWindow | None = None,
@@ -139,8 +140,8 @@ class Trainer:
 
   def _log(self, phase, source):
     window = self.metrics.take_window()  # Reads back and counts the skipped steps first.
-    # The learning rate of the latest step (optimizer.scale_by_schedule_at_step).
-    self.logger.log_train(self.step, phase, window, float(self.run.schedule(self.step - 1)),
+    self.logger.log_train(self.step, phase, window,
+                          opt_lib.latest_learning_rate(self.run.schedule, self.step),
                           data_stats=sum_over_hosts(source_stats(source)),
                           compiled_step_flops=self._step_flops.get(phase.name),
                           nonfinite=self.metrics.counts(),
