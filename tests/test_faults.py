@@ -16,6 +16,8 @@ import pytest
 import data_utils
 from test_train import TOTAL_STEPS, losses, run
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):

@@ -12,7 +12,7 @@ import pytest
 
 from bertjax.convert import hf
 from bertjax.convert import hf_files
-from bertjax.convert import inference
+from bertjax.convert import pretrained_model
 from bertjax.convert import weights
 from bertjax.model.config import BertConfig
 from bertjax.tasks import loop
@@ -47,6 +47,7 @@ def tiny_config(tmp_path):
   return config
 
 
+@pytest.mark.slow
 def test_gradients_reach_only_the_tagger_and_the_optimizer_leaves_bert_alone():
   task = registry.get_task("conll2003_features")
   bert_config = BertConfig(vocab_size=60, **TINY)
@@ -87,6 +88,7 @@ def test_gradients_reach_only_the_tagger_and_the_optimizer_leaves_bert_alone():
   assert 2 * trained <= size(state) <= 2 * trained + 8
 
 
+@pytest.mark.slow
 def test_bert_stays_bitwise_equal_and_the_tagger_learns(tmp_path):
   config = tiny_config(tmp_path)
   # A random encoder saved as a Hugging Face directory is the starting point.
@@ -117,7 +119,8 @@ def test_bert_stays_bitwise_equal_and_the_tagger_learns(tmp_path):
     np.testing.assert_array_equal(flat_trained[path][:len(x)], x, err_msg="/".join(path))
     assert not flat_trained[path][len(x):].any()
   # The run's checkpoint serves feature extraction: its encoder, vocab and casing.
-  params, loaded_config, tokenizer = inference.load_encoder(str(tmp_path / "run" / "checkpoints"))
+  params, loaded_config, tokenizer = pretrained_model.load_encoder(
+      str(tmp_path / "run" / "checkpoints"))
   assert loaded_config.num_layers == 2 and not tokenizer.do_lower_case
   assert tokenizer.path == config.vocab_file
   flat_loaded = hf.flatten(jax.tree.map(np.asarray, params))

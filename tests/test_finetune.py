@@ -28,6 +28,8 @@ sys.path.insert(0, os.path.join(REPO, "configs", "finetune"))
 import finetune_data  # pylint: disable=g-import-not-at-top,wrong-import-position
 import glue as glue_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 
+pytestmark = pytest.mark.slow
+
 MODEL = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
              max_position_embeddings=64, dtype="float32")
 

@@ -10,7 +10,7 @@ import pytest
 
 from bertjax import downstream
 from bertjax.tasks import loop
-from bertjax.tasks import predictions
+from bertjax.tasks import submissions
 from bertjax.tasks import registry
 from bertjax.tasks import step as step_lib
 from bertjax.tasks.best import BestDev
@@ -22,6 +22,8 @@ sys.path.insert(0, os.path.join(REPO, "tests"))
 sys.path.insert(0, os.path.join(REPO, "configs", "finetune"))
 import finetune_data  # pylint: disable=g-import-not-at-top,wrong-import-position
 import glue as glue_config  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+pytestmark = pytest.mark.slow
 
 TINY = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
             max_position_embeddings=32, dtype="float32")
@@ -54,7 +56,7 @@ def _outputs(config, checkpoint):
   """The dev split's outputs with the parameters of `checkpoint` (a step directory)."""
   task = registry.get_task(config.task)
   mesh, rules = sharding_lib.make_mesh(config.mesh), sharding_lib.rules(config.mesh)
-  state, shardings, _, _ = predictions.restore_for_prediction(
+  state, shardings, _, _ = submissions.restore_for_prediction(
       task, checkpoint, config.max_seq_length, mesh, rules)
   split = task.load("dev", tokenization.load_tokenizer("wordpiece", config.vocab_file),
                     config)

@@ -22,6 +22,8 @@ import pytest
 
 from test_finetune import MODEL, REPO, data  # pylint: disable=unused-import
 
+pytestmark = pytest.mark.slow
+
 NUM_STEPS = 320
 
 

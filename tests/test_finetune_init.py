@@ -97,6 +97,7 @@ def tf1_dir(data, tmp_path_factory):
   return _checkpoint_dir(data, tmp_path_factory, "tf1", tf1.save_tf1_checkpoint)
 
 
+@pytest.mark.slow
 def test_the_architecture_and_casing_come_from_a_hugging_face_directory(data, hf_dir,
                                                                          tmp_path):
   config = _config(data, init_from=hf_dir)
@@ -129,6 +130,7 @@ def test_fields_set_on_the_command_line_win_and_a_contradiction_names_the_field(
   assert agreeing.do_lower_case is False
 
 
+@pytest.mark.slow
 def test_casing_of_tf1_directories_and_bertjax_runs(data, tf1_dir, tmp_path):
   settings = weights.checkpoint_settings(tf1_dir)
   assert settings.model["hidden_size"] == 32 and settings.do_lower_case is None
@@ -157,6 +159,7 @@ def _tokenizer_config(directory):
     return json.load(f)
 
 
+@pytest.mark.slow
 def test_export_of_a_run_from_tf1_or_random_init_takes_the_recorded_vocab(data, tf1_dir,
                                                                           tmp_path):
   # From a TF1 directory (its vocab.txt, no casing there): the run's casing is recorded.
@@ -185,7 +188,7 @@ def test_sweep_ranks_a_nan_run_last(monkeypatch, tmp_path):
   task = registry.get_task("mrpc")
   monkeypatch.setattr(loop, "prepare", lambda config: loop.Prepared(
       task, None, None, None, []))
-  monkeypatch.setattr(loop.setup, "build_steps", lambda config, prepared: None)
+  monkeypatch.setattr(loop.sweep_steps, "build_sweep_steps", lambda config, prepared: None)
   scores = {5e-5: math.nan, 4e-5: 0.5, 3e-5: 0.75, 2e-5: math.nan}
 
   def fake_run(config, workdir, weights_loader, prepared, steps):
@@ -199,6 +202,7 @@ def test_sweep_ranks_a_nan_run_last(monkeypatch, tmp_path):
   assert summary["best"]["learning_rate"] == 3e-5 and summary["best"]["score"] == 0.75
 
 
+@pytest.mark.slow
 def test_cli_flags_are_the_explicit_fields(data, hf_dir, tmp_path):
   flags = [f"--config={REPO}/configs/finetune/glue.py", f"--config.init_from={hf_dir}",
            f"--config.data_dir={data['mrpc']}", "--config.max_seq_length=32",

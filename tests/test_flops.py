@@ -46,6 +46,7 @@ def _compiled_step_flops(config):
   return profiling.compiled_flops(compiled)
 
 
+@pytest.mark.slow
 def test_analytic_flops_agree_with_xla_and_scan_is_counted_once():
   unrolled = _config(scan_layers=False)
   analytic = flops.train_flops_per_sequence(unrolled, SEQ, PRED) * BATCH
@@ -100,6 +101,7 @@ def test_profile_window_traces_exactly_its_steps(tmp_path):
     profiling.ProfileWindow(-1, 2, str(tmp_path))
 
 
+@pytest.mark.slow
 def test_second_start_loads_the_step_from_the_compilation_cache(tmp_path, tmp_path_factory):
   cache = str(tmp_path / "cache")
   shared = jax_child.cache_dir(tmp_path_factory)
@@ -144,7 +146,7 @@ def test_aot_result_splits_a_chips_nominal_hbm_between_its_devices():
 
 
 def test_a_step_larger_than_the_devices_memory_is_refused_naming_the_fields():
-  """bertjax.benchmark checks a compiled step's memory against the device's
+  """bertjax.benchmarks.step_bench checks a compiled step's memory against the device's
   bytes_limit before running it (a GPU reports one; the CPU none)."""
   from bertjax.benchmarks import aot  # pylint: disable=g-import-not-at-top
   compiled = jax.jit(lambda x: jnp.sin(x) @ x).lower(jnp.ones((256, 256))).compile()

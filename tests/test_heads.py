@@ -81,6 +81,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan_layers", [True, False])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_head_matches_transformers(case, scan_layers):
@@ -127,6 +128,7 @@ def test_param_names_and_shapes():
     assert set(tree["bert"]) == {"embeddings", "encoder", "pooler"}
 
 
+@pytest.mark.slow
 def test_dropout_changes_training_outputs_only():
   config = _config(True)
   model = heads.BertForSequenceClassification(config, num_labels=2)
@@ -140,6 +142,7 @@ def test_dropout_changes_training_outputs_only():
   assert not np.allclose(eval_a, train)
 
 
+@pytest.mark.slow
 def test_head_projection_is_fp32_in_a_bf16_model():
   config = _config(True).replace(dtype="bfloat16")
   model = heads.BertForSequenceClassification(config, num_labels=1)

@@ -14,6 +14,8 @@ import pytest
 from bertjax.model.bert import BertForPreTraining
 from test_model import BATCH, LENGTH, PREDICTIONS, _abstract_params, init_params, make_batch, tiny
 
+pytestmark = pytest.mark.slow
+
 
 @pytest.mark.parametrize("scan_layers,num_layers,remat,dtype", [
     (True, 3, "none", "float32"), (True, 3, "dots_no_batch", "float32"),
