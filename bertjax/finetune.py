@@ -13,9 +13,10 @@ fine-tuned checkpoint in DIR/checkpoints (or --config.predict_from), no
 training; --config.mode=train_and_predict does both.
 """
 
-# glibc reads its malloc tunables at start-up: on the CPU this program's own
-# command line re-executes itself once with them, before the imports below
-# (bertjax/records/hostmem.py); imported from Python it does not.
+# glibc reads its malloc tunables at start-up: with BERTJAX_HOST_MALLOC=tuned,
+# on the CPU, this program's own command line re-executes itself once with
+# them, before the imports below (bertjax/records/hostmem.py); imported from
+# Python it does not.
 from bertjax.records import hostmem  # pylint: disable=g-bad-import-order
 hostmem.reexec_for_cpu("bertjax.finetune")
 

@@ -7,9 +7,10 @@ Any config field can be overridden, e.g. --config.total_steps=1000 or
 --config.phases.seq128.global_batch_size=512.
 """
 
-# glibc reads its malloc tunables at start-up: on the CPU this program's own
-# command line re-executes itself once with them, before the imports below
-# (bertjax/records/hostmem.py); imported from Python it does not.
+# glibc reads its malloc tunables at start-up: with BERTJAX_HOST_MALLOC=tuned,
+# on the CPU, this program's own command line re-executes itself once with
+# them, before the imports below (bertjax/records/hostmem.py); imported from
+# Python it does not.
 from bertjax.records import hostmem  # pylint: disable=g-bad-import-order
 hostmem.reexec_for_cpu("bertjax.main")
 

@@ -15,17 +15,11 @@ import subprocess
 import sys
 from typing import Any
 
+import cheap_compiles
+
+cache_dir = cheap_compiles.cache_dir  # The compilation cache the pytest workers of one run share.
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def cache_dir(tmp_path_factory) -> str:
-  """A compilation cache shared by the pytest workers of one run."""
-  base = tmp_path_factory.getbasetemp()
-  if os.environ.get("PYTEST_XDIST_WORKER"):
-    base = base.parent  # The run's directory, above the per-worker ones.
-  path = os.path.join(str(base), "xla-cache")
-  os.makedirs(path, exist_ok=True)
-  return path
 
 
 def child_env(devices: int, cache: str) -> dict[str, str]:
@@ -34,10 +28,7 @@ def child_env(devices: int, cache: str) -> dict[str, str]:
       JAX_PLATFORMS="cpu", PYTHONPATH=REPO,
       XLA_FLAGS=(f"--xla_force_host_platform_device_count={devices} "
                  "--xla_backend_optimization_level=0"),
-      JAX_COMPILATION_CACHE_DIR=cache, JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.2",
-      # A size limit makes the cache take a file lock around reads and writes,
-      # so that children running side by side never read a half-written entry.
-      JAX_COMPILATION_CACHE_MAX_SIZE=str(2**30))
+      **cheap_compiles.as_environment(cheap_compiles.cache_settings(cache)))
 
 
 def run(script: str, payload: Any, *, cache: str, devices: int = 1,

@@ -23,6 +23,7 @@ from bertjax.train import optimizer as opt_lib
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 sys.path.insert(0, os.path.join(REPO, "configs", "finetune"))
+import cheap_compiles  # pylint: disable=g-import-not-at-top,wrong-import-position
 import conll_data  # pylint: disable=g-import-not-at-top,wrong-import-position
 import finetune_data  # pylint: disable=g-import-not-at-top,wrong-import-position
 import ner_features  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -55,7 +56,7 @@ def test_gradients_reach_only_the_tagger_and_the_optimizer_leaves_bert_alone():
   config.feature_based.lstm_units = 8
   config.feature_based.layers = (-1, -2)
   model = registry.model_for(task, bert_config, config)
-  params = jax.jit(lambda r: jax.tree.map(
+  params = cheap_compiles.jit(lambda r: jax.tree.map(
       lambda x: x.unbox() if hasattr(x, "unbox") else x, registry.init_fn(task, 12)(model, r),
       is_leaf=lambda x: hasattr(x, "unbox")))(jax.random.key(0))
   assert set(params) == {"bert", "lstm_0", "lstm_1", "tagger"}
@@ -70,16 +71,16 @@ def test_gradients_reach_only_the_tagger_and_the_optimizer_leaves_bert_alone():
   def loss(p):
     outputs = step_lib.forward(p, model.apply, batch, jax.random.key(1), deterministic=False)
     return step_lib.loss_and_hits("token", outputs, batch)[0]
-  grads = jax.jit(jax.grad(loss))(params)
+  grads = cheap_compiles.jit(jax.grad(loss))(params)
   assert all(not np.asarray(g).any() for g in jax.tree.leaves(grads["bert"]))
   for name in ("lstm_0", "lstm_1", "tagger"):
     assert all(np.asarray(g).any() for g in jax.tree.leaves(grads[name])), name
   # With weight decay and gradients given for every parameter, BERT's updates are zero.
   tx = opt_lib.make_optimizer(config.optimizer, optax.constant_schedule(1e-2),
                               frozen=task.frozen)
-  state = jax.jit(tx.init)(params)
+  state = cheap_compiles.jit(tx.init)(params)
   some_grads = jax.tree.map(jnp.ones_like, params)
-  updates, _ = jax.jit(tx.update)(some_grads, state, params)
+  updates, _ = cheap_compiles.jit(tx.update)(some_grads, state, params)
   assert all(not np.asarray(u).any() for u in jax.tree.leaves(updates["bert"]))
   assert all(np.asarray(u).any() for u in jax.tree.leaves(updates["tagger"]))
   # Adam's two moments for the tagger only (and a few counters): none for BERT.
@@ -89,7 +90,7 @@ def test_gradients_reach_only_the_tagger_and_the_optimizer_leaves_bert_alone():
 
 
 @pytest.mark.slow
-def test_bert_stays_bitwise_equal_and_the_tagger_learns(tmp_path):
+def test_bert_stays_bitwise_equal_and_the_tagger_learns(tmp_path, tmp_path_factory):
   config = tiny_config(tmp_path)
   # A random encoder saved as a Hugging Face directory is the starting point.
   hf_config = parity.hf_bert_config(
@@ -105,8 +106,9 @@ def test_bert_stays_bitwise_equal_and_the_tagger_learns(tmp_path):
   config.num_epochs = 20.0
   config.optimizer.learning_rate = 2e-2
   config.feature_based.dropout_rate = 0.0
-  results = loop.finetune_and_evaluate(config, str(tmp_path / "run"),
-                                       weights_loader=weights.load_weights)
+  with cheap_compiles.in_process(cheap_compiles.cache_dir(tmp_path_factory)):
+    results = loop.finetune_and_evaluate(config, str(tmp_path / "run"),
+                                         weights_loader=weights.load_weights)
   dev = results["dev"]["dev"]
   assert dev["f1"] >= 0.9, results
   trained = weights.read_checkpoint_params(str(tmp_path / "run" / "checkpoints"))

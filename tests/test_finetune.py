@@ -25,6 +25,7 @@ from bertjax.train import state as state_lib
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 sys.path.insert(0, os.path.join(REPO, "configs", "finetune"))
+import cheap_compiles  # pylint: disable=g-import-not-at-top,wrong-import-position
 import finetune_data  # pylint: disable=g-import-not-at-top,wrong-import-position
 import glue as glue_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -32,6 +33,13 @@ pytestmark = pytest.mark.slow
 
 MODEL = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
              max_position_embeddings=64, dtype="float32")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compile_cheaply(tmp_path_factory):
+  """The runs here compile their steps once between them (cheap_compiles.py)."""
+  with cheap_compiles.in_process(cheap_compiles.cache_dir(tmp_path_factory)):
+    yield
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +81,7 @@ def _saved_params(workdir):
     return ckptr.restore(os.path.join(workdir, "checkpoints", str(step), "params"))
 
 
-def test_cli_writes_results_and_a_rerun_finds_them(data, tmp_path):
+def test_cli_writes_results_and_a_rerun_finds_them(data, tmp_path, tmp_path_factory):
   workdir = str(tmp_path / "run")
   flags = [f"--config={REPO}/configs/finetune/glue.py", "--config.task=mrpc",
            f"--config.data_dir={data['mrpc']}", f"--config.vocab_file={data['vocab']}",
@@ -82,6 +90,7 @@ def test_cli_writes_results_and_a_rerun_finds_them(data, tmp_path):
            "--config.logging.every_steps=4", f"--workdir={workdir}"]
   flags += [f"--config.model.{k}={v}" for k, v in MODEL.items()]
   result = subprocess.run([sys.executable, "-m", "bertjax.finetune", *flags], cwd=REPO,
+                          env=cheap_compiles.child_env(cheap_compiles.cache_dir(tmp_path_factory)),
                           capture_output=True, text=True, timeout=600, check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   with open(os.path.join(workdir, "results.json"), encoding="utf-8") as f:
@@ -149,8 +158,11 @@ def test_init_from_a_hugging_face_directory(data, tmp_path):
   from bertjax.convert import hf  # pylint: disable=g-import-not-at-top
   model_config = BertConfig(vocab_size=_vocab_size(data), **MODEL)
   hf_dir = str(tmp_path / "hf")
-  model = transformers.FlaxBertForPreTraining(hf.bertjax_config_to_hf(model_config), seed=3)
-  model.save_pretrained(hf_dir)
+  model = transformers.FlaxBertForPreTraining(hf.bertjax_config_to_hf(model_config),
+                                              _do_init=False)
+  # One compiled init: _do_init=True runs it op by op, seconds more on the CPU.
+  params = jax.jit(model.init_weights, static_argnums=1)(jax.random.PRNGKey(3), (1, 1))
+  model.save_pretrained(hf_dir, params=params)
   with open(data["vocab"], encoding="utf-8") as src, open(
       os.path.join(hf_dir, "vocab.txt"), "w", encoding="utf-8") as dst:
     dst.write(src.read())
@@ -158,7 +170,7 @@ def test_init_from_a_hugging_face_directory(data, tmp_path):
   config.optimizer.learning_rate = 0.0
   workdir = str(tmp_path / "run")
   loop.finetune_and_evaluate(config, workdir, weights_loader=load_weights)
-  expected = hf.hf_to_bertjax(model.params, model_config)["params"]["bert"]
+  expected = hf.hf_to_bertjax(params, model_config)["params"]["bert"]
   _assert_same_encoder(_saved_params(workdir)["bert"], jax.tree.map(np.asarray, expected))
 
 

@@ -20,6 +20,7 @@ from bertjax.train import sharding as sharding_lib
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 sys.path.insert(0, os.path.join(REPO, "configs", "finetune"))
+import cheap_compiles  # pylint: disable=g-import-not-at-top,wrong-import-position
 import finetune_data  # pylint: disable=g-import-not-at-top,wrong-import-position
 import glue as glue_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 
@@ -27,6 +28,13 @@ pytestmark = pytest.mark.slow
 
 TINY = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
             max_position_embeddings=32, dtype="float32")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compile_cheaply(tmp_path_factory):
+  """The runs here compile their steps once between them (cheap_compiles.py)."""
+  with cheap_compiles.in_process(cheap_compiles.cache_dir(tmp_path_factory)):
+    yield
 
 
 @pytest.fixture(scope="module")

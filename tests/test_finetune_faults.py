@@ -4,7 +4,9 @@ does, with bitwise equal final parameters and the same results.json (final and b
 metrics; the best's step and score come through the checkpoint's meta).
 
 The run: MRPC-shaped tiny data (64 training pairs), a tiny model with dropout on, batch
-8, 40 epochs (320 steps), dev evaluation every 16 steps, checkpoints every 10.
+8, 10 epochs (80 steps), dev evaluation every 16 steps, checkpoints every 10. Every
+process compiles cheaply into one persistent compilation cache (cheap_compiles.py), so
+the first compiles the steps and the others load them.
 """
 
 import json
@@ -20,28 +22,31 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+import cheap_compiles
 from test_finetune import MODEL, REPO, data  # pylint: disable=unused-import
 
 pytestmark = pytest.mark.slow
 
-NUM_STEPS = 320
+NUM_EPOCHS = 10
+NUM_STEPS = NUM_EPOCHS * 64 // 8  # test_finetune's 64 training pairs in batches of 8.
 
 
 class _Run:
   """A fine-tuning process whose log lines a thread collects as they come."""
 
-  def __init__(self, data, workdir):
+  def __init__(self, data, workdir, env):
     flags = [f"--config={REPO}/configs/finetune/glue.py", "--config.task=mrpc",
              f"--config.data_dir={data['mrpc']}", f"--config.vocab_file={data['vocab']}",
              "--config.max_seq_length=32", "--config.global_batch_size=8",
-             "--config.eval_batch_size=16", "--config.num_epochs=40",
+             "--config.eval_batch_size=16", f"--config.num_epochs={NUM_EPOCHS}",
              "--config.optimizer.learning_rate=1e-3", "--config.eval_every_steps=16",
              "--config.checkpoint.every_steps=10", "--config.checkpoint.keep=2",
              "--config.logging.every_steps=1", f"--workdir={workdir}"]
     flags += [f"--config.model.{k}={v}" for k, v in MODEL.items()]
     self.lines: list[str] = []
     self.proc = subprocess.Popen([sys.executable, "-m", "bertjax.finetune", *flags], cwd=REPO,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                 text=True)
     self._reader = threading.Thread(target=self._read, daemon=True)
     self._reader.start()
 
@@ -92,9 +97,14 @@ def _same_run(workdir, reference):
 
 
 @pytest.fixture(scope="module")
-def reference(data, tmp_path_factory):
+def env(tmp_path_factory):
+  return cheap_compiles.child_env(cheap_compiles.cache_dir(tmp_path_factory))
+
+
+@pytest.fixture(scope="module")
+def reference(data, env, tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("reference"))
-  run = _Run(data, workdir)
+  run = _Run(data, workdir, env)
   assert run.finish() == 0, run.log()[-3000:]
   params, results = _final(workdir)
   best = results["best"]
@@ -104,9 +114,9 @@ def reference(data, tmp_path_factory):
 
 
 def test_sigterm_saves_the_current_step_exits_0_and_the_rerun_ends_bitwise_equal(
-    data, reference, tmp_path):
+    data, env, reference, tmp_path):
   workdir = str(tmp_path / "run")
-  run = _Run(data, workdir)
+  run = _Run(data, workdir, env)
   # After the first dev evaluation (step 16), so the best-so-far must come back too.
   run.wait_for(lambda: run.step_logged(17))
   run.proc.send_signal(signal.SIGTERM)
@@ -118,15 +128,16 @@ def test_sigterm_saves_the_current_step_exits_0_and_the_rerun_ends_bitwise_equal
   assert _steps(workdir)[-1] == stopped  # Saved at the step it stopped at...
   assert not os.path.exists(os.path.join(workdir, "results.json"))  # ...and not finished.
 
-  rerun = _Run(data, workdir)
+  rerun = _Run(data, workdir, env)
   assert rerun.finish() == 0, rerun.log()[-3000:]
   assert f"Resumed fine-tuning from step {stopped}." in rerun.log()
   _same_run(workdir, reference)
 
 
-def test_sigkill_mid_run_resumes_from_the_last_periodic_checkpoint(data, reference, tmp_path):
+def test_sigkill_mid_run_resumes_from_the_last_periodic_checkpoint(data, env, reference,
+                                                                  tmp_path):
   workdir = str(tmp_path / "run")
-  run = _Run(data, workdir)
+  run = _Run(data, workdir, env)
   checkpoints = os.path.join(workdir, "checkpoints")
   run.wait_for(lambda: os.path.isdir(checkpoints) and any(
       n.isdigit() and int(n) >= 20 for n in os.listdir(checkpoints)))
@@ -135,7 +146,7 @@ def test_sigkill_mid_run_resumes_from_the_last_periodic_checkpoint(data, referen
   saved = _steps(workdir)[-1]
   assert saved % 10 == 0 and saved < NUM_STEPS
 
-  rerun = _Run(data, workdir)
+  rerun = _Run(data, workdir, env)
   assert rerun.finish() == 0, rerun.log()[-3000:]
   assert f"Resumed fine-tuning from step {saved}." in rerun.log()
   _same_run(workdir, reference)

@@ -24,12 +24,20 @@ from bertjax.train import state as state_lib
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
 sys.path.insert(0, os.path.join(REPO, "configs", "finetune"))
+import cheap_compiles  # pylint: disable=g-import-not-at-top,wrong-import-position
 import finetune_data  # pylint: disable=g-import-not-at-top,wrong-import-position
 import glue as glue_config  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # Not the config's architecture (BERT-BASE): init_from's must be taken.
 SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
              max_position_embeddings=64)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compile_cheaply(tmp_path_factory):
+  """The runs here compile their steps once between them (cheap_compiles.py)."""
+  with cheap_compiles.in_process(cheap_compiles.cache_dir(tmp_path_factory)):
+    yield
 
 
 @pytest.fixture(scope="module")
@@ -61,8 +69,10 @@ def _config(data, **fields):
 
 
 def _pretraining_params(model_config):
-  boxed = state_lib.init_params(BertForPreTraining(model_config), jax.random.key(3))
-  return jax.tree.map(np.asarray, nn.unbox(boxed))
+  # Compiled: op by op, the init takes seconds more on the CPU.
+  init = jax.jit(lambda rng: nn.unbox(state_lib.init_params(BertForPreTraining(model_config),
+                                                            rng)))
+  return jax.tree.map(np.asarray, init(jax.random.key(3)))
 
 
 def _copy_vocab(data, directory):

@@ -140,6 +140,7 @@ def _read_tsv(path):
     return list(csv.reader(f, delimiter="\t"))
 
 
+@pytest.mark.slow
 def test_mrpc_train_and_predict_then_predict_mode(vocab, tmp_path):
   data_dir = finetune_data.write_mrpc(str(tmp_path / "MRPC"), num_train=32, num_dev=20)
   dev_texts = [(line[3], line[4]) for line in _read_tsv(os.path.join(data_dir, "dev.tsv"))[1:]]
@@ -244,6 +245,7 @@ word2 NN B-NP B-MISC
 """
 
 
+@pytest.mark.slow
 def test_conll_predictions_file(vocab, tmp_path):
   data = tmp_path / "data"
   data.mkdir()
@@ -279,6 +281,7 @@ SWAG_TEST = """,video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,en
 """
 
 
+@pytest.mark.slow
 def test_swag_predictions_file(vocab, tmp_path):
   data = tmp_path / "data"
   data.mkdir()

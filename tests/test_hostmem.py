@@ -16,21 +16,26 @@ glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc mall
 
 
 @glibc
-def test_tunables_are_wanted_only_for_cpu_runs(monkeypatch):
+def test_tunables_are_wanted_only_when_asked_for_and_for_cpu_runs(monkeypatch):
   monkeypatch.setattr(hostmem, "accelerator_installed", lambda: False)
-  assert hostmem.wanted_tunables({"JAX_PLATFORMS": "cpu"}) == hostmem.TUNABLES
-  assert hostmem.wanted_tunables({}) == hostmem.TUNABLES
-  assert hostmem.wanted_tunables({"JAX_PLATFORMS": "tpu"}) is None
-  assert hostmem.wanted_tunables({"JAX_PLATFORMS": "cuda,cpu"}) is None
-  assert hostmem.wanted_tunables({"JAX_PLATFORMS": "cpu", hostmem.OPT_OUT: "default"}) is None
-  assert hostmem.wanted_tunables({"JAX_PLATFORMS": "cpu",
-                                  "GLIBC_TUNABLES": hostmem.TUNABLES}) is None
-  other = "glibc.pthread.rseq=0"
-  assert hostmem.wanted_tunables({"JAX_PLATFORMS": "cpu", "GLIBC_TUNABLES": other}) == (
-      f"{other}:{hostmem.TUNABLES}")
-  monkeypatch.setattr(hostmem, "accelerator_installed", lambda: True)
+  tuned = {hostmem.SETTING: "tuned"}
+  assert hostmem.wanted_tunables({"JAX_PLATFORMS": "cpu", **tuned}) == hostmem.TUNABLES
+  assert hostmem.wanted_tunables(tuned) == hostmem.TUNABLES
+  assert hostmem.wanted_tunables({"JAX_PLATFORMS": "cpu"}) is None  # glibc's defaults unless asked
   assert hostmem.wanted_tunables({}) is None
-  assert hostmem.wanted_tunables({"JAX_PLATFORMS": "cpu"}) == hostmem.TUNABLES
+  assert hostmem.wanted_tunables({"JAX_PLATFORMS": "tpu", **tuned}) is None
+  assert hostmem.wanted_tunables({"JAX_PLATFORMS": "cuda,cpu", **tuned}) is None
+  assert hostmem.wanted_tunables({"JAX_PLATFORMS": "cpu", hostmem.SETTING: "default"}) is None
+  assert hostmem.wanted_tunables({"JAX_PLATFORMS": "cpu", "GLIBC_TUNABLES": hostmem.TUNABLES,
+                                  **tuned}) is None
+  other = "glibc.pthread.rseq=0"
+  assert hostmem.wanted_tunables({"JAX_PLATFORMS": "cpu", "GLIBC_TUNABLES": other, **tuned}) == (
+      f"{other}:{hostmem.TUNABLES}")
+  with pytest.raises(ValueError, match="BERTJAX_HOST_MALLOC='on'"):
+    hostmem.wanted_tunables({hostmem.SETTING: "on"})
+  monkeypatch.setattr(hostmem, "accelerator_installed", lambda: True)
+  assert hostmem.wanted_tunables(tuned) is None
+  assert hostmem.wanted_tunables({"JAX_PLATFORMS": "cpu", **tuned}) == hostmem.TUNABLES
 
 
 def _main(spec_name=None, path=None):
@@ -160,7 +165,7 @@ def get_config():
 
 def _env(**overrides):
   env = {k: v for k, v in os.environ.items()
-         if k not in ("GLIBC_TUNABLES", hostmem.OPT_OUT, hostmem.REEXECUTED,
+         if k not in ("GLIBC_TUNABLES", hostmem.SETTING, hostmem.REEXECUTED,
                       hostmem.TUNABLES_BEFORE)}
   env.update(JAX_PLATFORMS="cpu", **overrides)
   return env
@@ -186,7 +191,8 @@ def _probe_config(tmp_path, entry, spawn=False, faults=False):
 @glibc
 def test_a_cpu_process_reexecutes_itself_with_the_tunables_and_stops_page_faulting(tmp_path):
   config = _probe_config(tmp_path, "bertjax.benchmarks.step_bench", spawn=True, faults=True)
-  pid, tuned = _run([sys.executable, "-m", "bertjax.benchmarks.step_bench", f"--config={config}"], _env())
+  pid, tuned = _run([sys.executable, "-m", "bertjax.benchmarks.step_bench", f"--config={config}"],
+                    _env(**{hostmem.SETTING: "tuned"}))
   assert tuned["pid"] == pid  # the same process, executed again
   assert tuned["started_with"] == hostmem.TUNABLES
   # The processes it starts get the environment it was given.
@@ -194,8 +200,8 @@ def test_a_cpu_process_reexecutes_itself_with_the_tunables_and_stops_page_faulti
   assert tuned["carried"] == []
   config = _probe_config(tmp_path, "bertjax.benchmarks.step_bench", faults=True)
   _, default = _run([sys.executable, "-m", "bertjax.benchmarks.step_bench", f"--config={config}"],
-                    _env(**{hostmem.OPT_OUT: "default"}))
-  assert default["started_with"] is None
+                    _env())
+  assert default["started_with"] is None  # Not asked for: glibc's defaults.
   # 78 MB is 19,000 pages of 4 KiB: with glibc's defaults each call maps its
   # temporaries afresh; with the tunables the freed blocks are reused.
   assert default["faults"] > 20_000
@@ -215,7 +221,8 @@ def test_the_console_script_reexecutes_and_its_children_get_the_tunables_it_was_
   script = tmp_path / "bertjax-train"
   script.write_text('ENTRY = "bertjax.main"\n' + _CONSOLE_SCRIPT)
   given = "glibc.pthread.rseq=1"
-  pid, result = _run([sys.executable, str(script)], _env(GLIBC_TUNABLES=given))
+  pid, result = _run([sys.executable, str(script)],
+                     _env(GLIBC_TUNABLES=given, **{hostmem.SETTING: "tuned"}))
   assert result["pid"] == pid
   assert result["started_with"] == f"{given}:{hostmem.TUNABLES}"
   assert result["environ"] == given and result["child"] == given
@@ -231,7 +238,7 @@ def test_called_from_python_the_program_never_reexecutes(tmp_path):
           f"sys.argv = ['bertjax-train', '--config={config}']\n"
           "import bertjax.main\n"
           "bertjax.main.run()\n")
-  pid, result = _run([sys.executable, "-c", code], _env())
+  pid, result = _run([sys.executable, "-c", code], _env(**{hostmem.SETTING: "tuned"}))
   assert starts.read_text() == "start\n"  # the caller's script ran once
   assert result["pid"] == pid and result["started_with"] is None
 
@@ -241,7 +248,7 @@ def test_the_reexecuted_process_never_executes_again(tmp_path):
   # As if the environment of the re-execution had lost the tunables on the way.
   config = _probe_config(tmp_path, "bertjax.benchmarks.step_bench")
   argv = [sys.executable, "-m", "bertjax.benchmarks.step_bench", f"--config={config}"]
-  pid, result = _run(argv, _env(**{hostmem.REEXECUTED: "1",
+  pid, result = _run(argv, _env(**{hostmem.SETTING: "tuned", hostmem.REEXECUTED: "1",
                                    hostmem.TUNABLES_BEFORE: "glibc.pthread.rseq=1"}))
   assert result["pid"] == pid and result["started_with"] is None
   assert result["environ"] == "glibc.pthread.rseq=1" and result["carried"] == []

@@ -153,6 +153,7 @@ def _state(config):
                               opt_state=tx.init(params), apply_fn=model.apply, tx=tx)
 
 
+@pytest.mark.slow
 def test_ltr_loss_is_next_token_cross_entropy_at_every_real_position():
   config = run_config.validate(_objective_config("ltr"), vocab_size=97)
   assert config.causal and not config.next_sentence_head
@@ -374,6 +375,7 @@ def test_ltr_pretrains_and_its_checkpoint_fine_tunes_causal(ltr_run):
     weights.check_architecture(source, source.replace(causal=False), workdir)
 
 
+@pytest.mark.slow
 def test_ltr_export_is_a_decoder_that_transformers_computes_the_same(tmp_path):
   import transformers  # pylint: disable=g-import-not-at-top
   jax.config.update("jax_default_matmul_precision", "highest")

@@ -415,6 +415,7 @@ def _child(_) -> dict:
                                     "bert/embeddings/word_embeddings/embedding")})
 
 
+@pytest.mark.slow
 def test_accumulation_equals_the_whole_batch_and_lamb_trains(tmp_path_factory):
   result, _ = jax_child.run(os.path.abspath(__file__), None, devices=2,
                             cache=jax_child.cache_dir(tmp_path_factory))

@@ -168,6 +168,7 @@ def test_train_packer_gives_the_rows_it_always_gave():
   assert digest.hexdigest()[:16] == "0d3418919e87e620"
 
 
+@pytest.mark.slow
 def test_packed_losses_metrics_and_gradients_equal_unpacked():
   """fp32: summed losses to 1e-5 relative; gradients to 1e-4 relative plus 1e-5 of
   the largest gradient (the key bias's true gradient is 0: rounding noise only)."""

@@ -113,6 +113,7 @@ def _child(mesh_names: list[str]) -> dict:
               meshes=results, tensorflow_imported="tensorflow" in sys.modules)
 
 
+@pytest.mark.slow
 def test_meshes_place_params_by_rules_and_match_one_device(tmp_path_factory):
   # One child for all meshes, so the one-device reference is computed once.
   result, _ = jax_child.run(os.path.abspath(__file__), sorted(MESHES), devices=NUM_DEVICES,

@@ -195,6 +195,7 @@ def losses(workdir, newest_only=False, tag="train/loss") -> dict[int, float]:
   return out
 
 
+@pytest.mark.slow
 def test_phase_switch_preemption_resume_and_rerun(tmp_path_factory):
   # Uninterrupted: both phases in one run, checkpoints every 3 steps, at the
   # phase boundary and at the end.
@@ -395,6 +396,7 @@ def forbid_building_state(monkeypatch):
   monkeypatch.setattr(step_lib, "jit_train_step", compiles)
 
 
+@pytest.mark.slow
 def test_profile_steps_write_one_trace_and_mfu_and_hfu_are_logged_every_window(tmp_path):
   # Unscanned layers and no dropout (whose random bits are loops on CPU): XLA
   # counts the whole step.

@@ -27,9 +27,10 @@ The compile is bertjax/benchmarks/aot.py's, the search
 bertjax/benchmarks/max_batch.py's; bertjax/benchmarks/tpu_fit_table.py runs
 them over configs and slices."""
 
-# glibc reads its malloc tunables at start-up: on the CPU this program's own
-# command line re-executes itself once with them, before the imports below
-# (bertjax/records/hostmem.py); imported from Python it does not.
+# glibc reads its malloc tunables at start-up: with BERTJAX_HOST_MALLOC=tuned,
+# on the CPU, this program's own command line re-executes itself once with
+# them, before the imports below (bertjax/records/hostmem.py); imported from
+# Python it does not.
 from bertjax.records import hostmem  # pylint: disable=g-bad-import-order
 hostmem.reexec_for_cpu("bertjax.benchmarks.step_bench")
 

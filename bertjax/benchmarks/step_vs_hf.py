@@ -18,10 +18,9 @@ multiple of 128. The transformers side is the stock model, whose
 head computes logits at every position; the loss takes the masked positions
 from them.
 
-Each side runs in its own process, started the way its users start it:
-bertjax with the glibc malloc settings that `python -m bertjax.main` runs
-with on the CPU (bertjax/records/hostmem.py), transformers with glibc's
-defaults; any GLIBC_TUNABLES this command is given reaches neither.
+Each side runs in its own process: bertjax with the glibc malloc settings
+that BERTJAX_HOST_MALLOC=tuned gives `python -m bertjax.main` on the CPU
+(bertjax/records/hostmem.py), transformers with glibc's defaults; any GLIBC_TUNABLES this command is given reaches neither.
 Two more processes swap them (bertjax with the defaults, transformers with
 bertjax's settings) so that what the settings give each side is printed
 too. After every process has compiled and warmed up, the parent has them

@@ -74,7 +74,7 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--workdir", required=True)
   parser.add_argument("--total_steps", type=int, default=4800,
-                      help="Steps of each recipe (tiny.py's 4800 by default).")
+                      help="Steps of each recipe (docs/recipes.md measured 4800).")
   parser.add_argument("--checkpoints", type=int, default=16,
                       help="Checkpoints per run, each scored on the held-out records.")
   parser.add_argument("--eval_batches", type=int, default=40,

@@ -10,15 +10,19 @@ which prints them (docs/performance.md).
 
 `TUNABLES` keep freed memory in the process instead: one arena (every thread
 allocates from the main heap), no mmap for large blocks, and a 2 GiB trim
-threshold. glibc reads GLIBC_TUNABLES when the process starts, before any
-thread has its own arena, so `reexec_for_cpu(module)` re-executes the process
-once with them set. The command-line programs `bertjax.main`,
-`bertjax.finetune` and `bertjax.benchmarks.step_bench` call it first, before their heavy
-imports, and it acts only where the process is that program's own command
-line (`entry_module`: `python -m bertjax.main ...` or a console script of
-`CONSOLE_SCRIPTS`); imported or called from Python (`main.run()` in a
-script, a notebook or a test) it never re-executes. The price is that the
-process keeps its peak heap until it exits.
+threshold. They pay off for a CPU step with large temporaries (the L=4/H=256
+step above: 20.9 sequences/s against 17.0) and cost a small one (the demo's
+L=2/H=128 step ran 15-35% fewer sequences/s under them: its threads then
+share one arena's lock), so they are opt-in: BERTJAX_HOST_MALLOC=tuned.
+glibc reads GLIBC_TUNABLES when the process starts, before any thread has
+its own arena, so `reexec_for_cpu(module)` re-executes the process once with
+them set. The command-line programs `bertjax.main`, `bertjax.finetune` and
+`bertjax.benchmarks.step_bench` call it first, before their heavy imports,
+and it acts only where the setting asks for it and the process is that
+program's own command line (`entry_module`: `python -m bertjax.main ...` or
+a console script of `CONSOLE_SCRIPTS`); imported or called from Python
+(`main.run()` in a script, a notebook or a test) it never re-executes. The
+price is that the process keeps its peak heap until it exits.
 
 At most once: the re-executed process finds `REEXECUTED` in its environment
 and does not execute again, whatever GLIBC_TUNABLES holds by then. It then
@@ -31,9 +35,8 @@ Only where JAX will run on the CPU alone: JAX_PLATFORMS lists only `cpu`, or
 is unset and no accelerator plugin (libtpu, a jax_plugins package) is
 installed. On a TPU or GPU host the step's buffers live on the device and the
 host's threads are the input pipeline's, for which one arena is not measured.
-BERTJAX_HOST_MALLOC=default turns it off. Set it when debugging or
-profiling a command line: otherwise the process is replaced at exec soon
-after it starts, which a debugger or profiler holding it must follow.
+Unset or `default`, BERTJAX_HOST_MALLOC keeps glibc's defaults; any other
+value than `tuned` or `default` is an error that names the variable.
 
 `one_arena()` is the one-arena part alone, set from inside a running
 process for a block: data creation's in-process run starts its serialising
@@ -51,7 +54,8 @@ from typing import Iterator, Mapping, MutableMapping, Optional, Sequence
 TRIM_THRESHOLD = 2**31 - 1  # mallopt takes an int
 TUNABLES = ("glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:"
             f"glibc.malloc.trim_threshold={TRIM_THRESHOLD}")
-OPT_OUT = "BERTJAX_HOST_MALLOC"  # "default": keep glibc's defaults
+SETTING = "BERTJAX_HOST_MALLOC"  # "tuned": re-execute with TUNABLES; unset or "default": glibc's defaults
+_CHOICES = ("tuned", "default")
 # Set in the environment of the re-execution only; the re-executed process
 # takes them out again at start-up.
 REEXECUTED = "BERTJAX_HOST_MALLOC_REEXECUTED"
@@ -101,7 +105,11 @@ def cpu_only(environ: Mapping[str, str]) -> bool:
 
 def wanted_tunables(environ: Mapping[str, str]) -> Optional[str]:
   """The GLIBC_TUNABLES value to run with, or None where it is not wanted or already set."""
-  if environ.get(OPT_OUT, "") == "default" or platform.libc_ver()[0] != "glibc":
+  choice = environ.get(SETTING, "default")
+  if choice not in _CHOICES:
+    raise ValueError(f"{SETTING}={choice!r}: expected one of {', '.join(_CHOICES)} "
+                     "(or unset, glibc's defaults)")
+  if choice != "tuned" or platform.libc_ver()[0] != "glibc":
     return None
   current = environ.get("GLIBC_TUNABLES", "")
   if TUNABLES in current or not cpu_only(environ):
@@ -178,8 +186,9 @@ def restore_environ(environ: MutableMapping[str, str]) -> None:
 def reexec_for_cpu(module: str) -> None:
   """The command-line programs' start-up, before their heavy imports.
 
-  Where this process is `module`'s own command line (entry_module), JAX
-  runs on the CPU alone and the tunables are not set (wanted_tunables), it
+  Where this process is `module`'s own command line (entry_module), the
+  tunables are asked for and wanted (wanted_tunables: BERTJAX_HOST_MALLOC=tuned,
+  JAX on the CPU alone, the tunables not yet set), it
   re-executes the process (same id, same command line) with `TUNABLES`.
   In the re-executed process it puts the environment from before back for
   the processes this one starts, and returns; it never executes twice.
