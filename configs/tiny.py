@@ -18,7 +18,7 @@ import base  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 def get_config():
   config = base.get_config()
-  config.total_steps = 2400  # The whole demo (data, pretraining, downstream step) in under 4 minutes on 2 idle CPU cores (docs/demo.md); 4800 is where next-sentence prediction starts to learn.
+  config.total_steps = 1800  # The whole demo (data, pretraining, downstream step) in under 4 minutes on 2 idle CPU cores (docs/demo.md); at 4800 next-sentence prediction learns too.
 
   config.model.vocab_size = 0  # 0 takes the vocab size from the demo data's metadata.json.
   config.model.hidden_size = 128  # H.
