@@ -46,15 +46,23 @@ def test_downstream_budget_names_the_bad_flag(tmp_path):
                  "p [copy_a]": (str(tmp_path / "paper"), "copy_a")}
 
 
-def test_time_to_quality_modern_lr_scale_sets_the_modern_rate_only():
+def test_time_to_quality_modern_settings_change_the_modern_recipe_only():
   from bertjax.benchmarks import time_to_quality  # pylint: disable=import-outside-toplevel
-  tiny_rate = recipes.paper_config(100).optimizer.learning_rate
-  modern = time_to_quality.recipe_config("modern", 100, modern_lr_scale=2.0)
-  assert abs(modern.optimizer.learning_rate - 2.0 * tiny_rate) < 1e-12
-  default = time_to_quality.recipe_config("modern", 100)
-  assert abs(default.optimizer.learning_rate - 1.25 * tiny_rate) < 1e-12
-  paper = time_to_quality.recipe_config("paper", 100, modern_lr_scale=2.0)
-  assert paper.optimizer.learning_rate == tiny_rate
+  tiny = recipes.paper_config(1000)
+  modern = time_to_quality.recipe_config("modern", 1000, lr_scale=2.0, warmup_pct=2,
+                                         mask_rate=0.15, seed=3)
+  assert abs(modern.optimizer.learning_rate - 2.0 * tiny.optimizer.learning_rate) < 1e-12
+  assert modern.optimizer.warmup_steps == 20 and modern.seed == 3
+  assert modern.data.masked_lm_prob == 0.15
+  assert modern.phases.seq128.max_predictions_per_seq == 20  # 15% of 128, to a multiple of 4.
+  assert recipes.modern(1000, mask_rate=0.4).phases.seq128.max_predictions_per_seq == 52
+  default = time_to_quality.recipe_config("modern", 1000)
+  assert abs(default.optimizer.learning_rate - 1.25 * tiny.optimizer.learning_rate) < 1e-12
+  assert default.optimizer.warmup_steps == 60  # configs/modern.py's 6%.
+  assert default.phases.seq128.max_predictions_per_seq == 40
+  paper = time_to_quality.recipe_config("paper", 1000)
+  assert paper.optimizer.learning_rate == tiny.optimizer.learning_rate
+  assert paper.to_dict() == tiny.to_dict()
 
 
 _FAKE_RECIPE = '''

@@ -23,6 +23,7 @@ import statistics
 from typing import Optional
 
 from bertjax.benchmarks import recipes
+from bertjax.benchmarks import suite
 from bertjax.convert import weights
 from bertjax.train import cli
 
@@ -79,8 +80,8 @@ def main():
       for seed in seeds:
         label = name.replace(" [", "_").replace("]", "").replace(" ", "_")
         workdir = os.path.join(root, "downstream_budget", f"{label}_ep{e:g}_seed{seed}")
-        score = recipes.finetune(path, root, workdir, num_epochs=e, seed=seed,
-                                 segment_b_init=choice)
+        score = suite.finetune_task("same_document", path, os.path.join(root, "demo_data"),
+                                    workdir, num_epochs=e, seed=seed, segment_b_init=choice)
         scores[f"{name}|{e:g}|{seed}"] = score
         print(f"{name:12s} epochs {e:g} seed {seed}: dev accuracy {score:.4f}", flush=True)
   print()

@@ -8,8 +8,8 @@ since the run began (saves are synchronous here, so the time is that of the
 finished save; compiles, input and saves count, as they would for a user).
 Afterwards every checkpoint is scored on the same held-out records, the
 demo's eval_128 (the paper's records, 15% of tokens masked, the same masked
-positions for every recipe), and fine-tuned on the demo's downstream task
-(configs/finetune/demo.py).
+positions for every recipe), and fine-tuned on the downstream suite
+(benchmarks/suite.py).
 """
 
 import dataclasses
@@ -23,14 +23,13 @@ from typing import Any, Optional
 import jax
 import numpy as np
 
-from bertjax import downstream
 from bertjax.convert import export
 from bertjax.create import demo
 from bertjax.input import evaluation
 from bertjax.model.bert import BertForPreTraining
-from bertjax.tasks import loop as task_loop
-from bertjax.tasks import registry
+from bertjax.train import flops
 from bertjax.train import loop
+from bertjax.train import run_config
 from bertjax.train import step as step_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -84,6 +83,26 @@ def scaled_to_demo(config, total_steps: int):
   return config
 
 
+def modern(total_steps: int, *, lr_scale: float = 0.0, warmup_pct: float = 0.0,
+           mask_rate: float = 0.0):
+  """configs/modern.py at the demo's scale (scaled_to_demo). lr_scale > 0 sets
+  the peak rate to that multiple of tiny.py's; warmup_pct > 0 the warmup to
+  that percentage of total_steps; mask_rate > 0 the dynamic masking rate, with
+  prediction slots for that share of a 128-token row (rounded up to a
+  multiple of 4, as configs/modern.py's 40 for 30%)."""
+  config = scaled_to_demo(config_module("modern").get_config(), total_steps)
+  if lr_scale:
+    config.optimizer.learning_rate = paper_config(total_steps).optimizer.learning_rate * lr_scale
+  if warmup_pct:
+    config.optimizer.warmup_steps = int(round(total_steps * warmup_pct / 100))
+  if mask_rate:
+    config.data.masked_lm_prob = mask_rate
+    for phase in config.phases.values():
+      slots = mask_rate * phase.max_seq_length
+      phase.max_predictions_per_seq = int(-(-slots // 4) * 4)
+  return config
+
+
 @dataclasses.dataclass
 class Curve:
   """One recipe's run: checkpoint steps, their wall seconds and scores."""
@@ -97,7 +116,7 @@ class Curve:
 def pretrain(name: str, config, workdir: str, *, checkpoints: int) -> Curve:
   """Runs the recipe in workdir (demo data under workdir/../demo_data, shared);
   returns its checkpoints' steps and wall times."""
-  config.data.demo_dir = os.path.join(os.path.dirname(workdir), "demo_data")
+  config.data.demo_dir = data_dir(os.path.dirname(workdir), config)
   config.checkpoint.every_steps = max(1, config.total_steps // checkpoints)
   config.checkpoint.keep = checkpoints + 2
   config.checkpoint.async_save = False
@@ -160,10 +179,31 @@ def pretrain_child(name: str, label: str, config, root: str, *, checkpoints: int
   write_json(os.path.join(root, name, "curve.json"), curve)
 
 
+def data_dir(root: str, config) -> str:
+  """root/demo_data, the demo data every recipe shares; for a config whose
+  training records hold other prediction slots than its recipe's own (recipes.
+  modern with another mask_rate), root/demo_data_p{slots}: its own training
+  records beside demo_data's text, vocab and held-out records (linked), so
+  that every run reads the same text, vocab and held-out examples."""
+  shared = os.path.join(root, "demo_data")
+  slots = {p.max_seq_length: p.max_predictions_per_seq for p in config.phases.values()}
+  own = (paper_config(100) if config.objective == "mlm+nsp" else modern(100)).phases
+  if slots == {p.max_seq_length: p.max_predictions_per_seq for p in own.values()}:
+    return shared
+  path = os.path.join(root, "demo_data_p" + "_".join(str(s) for s in slots.values()))
+  os.makedirs(path, exist_ok=True)
+  for name in os.listdir(shared):
+    if name in ("text", "vocab.txt", "tasks") or name.startswith("eval_"):
+      link = os.path.join(path, name)
+      if not os.path.lexists(link):
+        os.symlink(os.path.join(shared, name), link)
+  return path
+
+
 def prepare_data(configs, root: str) -> None:
   """Builds the demo data every config reads (root/demo_data), before any clock starts."""
   for config in configs:
-    config.data.demo_dir = os.path.join(root, "demo_data")
+    config.data.demo_dir = data_dir(root, config)
     demo.prepare_config(config.copy_and_resolve_references(), root)
 
 
@@ -195,26 +235,21 @@ def score_curve(curve: Curve, pattern: str, max_batches: Optional[int]) -> None:
       for s in curve.steps]
 
 
-def finetune(checkpoint: str, root: str, workdir: str, *, num_epochs: Optional[float] = None,
-             seed: int = 0, segment_b_init: Optional[str] = None) -> float:
-  """Dev accuracy of the demo's downstream task fine-tuned from `checkpoint`
-  (configs/finetune/demo.py; the same budget and seed for every checkpoint
-  unless num_epochs or seed say otherwise; segment_b_init, if given, replaces
-  the config's). An empty `checkpoint` starts from random initialisation with
-  the demo model's architecture."""
-  config = downstream.demo_config()
-  config.within_workdir = False
-  config.random_init_baseline = False
-  config.init_from = checkpoint
-  config.seed = seed
-  if segment_b_init is not None:
-    config.segment_b_init = segment_b_init
-  if num_epochs is not None:
-    config.num_epochs = num_epochs
-  config.data_dir = os.path.join(root, "demo_data")
-  config.vocab_file = os.path.join(root, "demo_data", "vocab.txt")
-  results = downstream.finetune(config, workdir)
-  return task_loop.primary_score(registry.get_task(config.task), results)
+def phase_steps(config, step: int) -> dict[str, int]:
+  """Steps of each phase of `config` that the run has taken by `step`."""
+  return {p.name: max(0, min(step, p.end) - p.start) for p in run_config.phases(config)}
+
+
+def train_flops(config, model_config, step: int) -> float:
+  """Analytic model FLOPs (bertjax.train.flops, what the logs' MFU counts) of
+  the run's first `step` steps: each phase's steps x global batch x one row's
+  forward and backward at the phase's length and prediction slots."""
+  total = 0.0
+  for p in run_config.phases(config):
+    steps = max(0, min(step, p.end) - p.start)
+    total += steps * p.global_batch_size * flops.train_flops_per_sequence(
+        model_config, p.max_seq_length, p.max_predictions_per_seq)
+  return total
 
 
 def write_json(path: str, data: Any) -> None:
@@ -233,6 +268,17 @@ def first_reaching(curve: Curve, target: float) -> Optional[float]:
 def at_or_before(curve: Curve, seconds: float) -> int:
   """Index of the last checkpoint saved by `seconds` (0 if none)."""
   return max([i for i, t in enumerate(curve.seconds) if t <= seconds] or [0])
+
+
+def parse_seeds(parser, text: str) -> list[int]:
+  """A --seeds flag's comma-separated integers; a parser error otherwise."""
+  try:
+    seeds = [int(s) for s in text.split(",") if s]
+  except ValueError:
+    parser.error(f"--seeds={text}: expected integers separated by commas")
+  if not seeds:
+    parser.error("--seeds: give at least one seed")
+  return seeds
 
 
 def median(x) -> float:

@@ -133,15 +133,18 @@ def _context(tokens: list[list[int]], documents: Optional[list[int]], i: int,
   return before[len(before) - num_before:], after[:num_after]
 
 
-def predicted_tags(first_positions, logits_NxLxC) -> list[list[str]]:
-  """Each word's tag: its first sub-token's best label ("O" past max_seq_length)."""
+def predicted_tags(first_positions, logits_NxLxC, labels=None) -> list[list[str]]:
+  """Each word's tag: its first sub-token's best label among `labels` (default
+  LABELS; "O" past max_seq_length)."""
+  labels = LABELS if labels is None else labels
   predicted_ids = np.argmax(logits_NxLxC, axis=-1)
-  return [[LABELS[predicted_ids[i, p]] if p >= 0 else "O" for p in positions]
+  return [[labels[predicted_ids[i, p]] if p >= 0 else "O" for p in positions]
           for i, positions in enumerate(first_positions)]
 
 
-def score(gold: list[list[str]], first_positions, logits_NxLxC) -> dict[str, float]:
-  return metrics.span_f1(gold, predicted_tags(first_positions, logits_NxLxC))
+def score(gold: list[list[str]], first_positions, logits_NxLxC,
+          labels=None) -> dict[str, float]:
+  return metrics.span_f1(gold, predicted_tags(first_positions, logits_NxLxC, labels))
 
 
 PREDICTIONS = "conll2003_predictions.txt"

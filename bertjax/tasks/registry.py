@@ -12,6 +12,7 @@ from bertjax.model.config import BertConfig
 from bertjax.tasks import conll
 from bertjax.tasks import feature_tagger
 from bertjax.tasks import glue
+from bertjax.tasks import python_docs
 from bertjax.tasks import same_document
 from bertjax.tasks import squad
 from bertjax.tasks import swag
@@ -64,6 +65,11 @@ TASKS["squad"] = Task("squad", "span", 2, ("dev",), "f1", squad.load,
                       configure=squad.apply_version_defaults, load_test=squad.load_test)
 TASKS["same_document"] = Task("same_document", "classification", 2, ("dev",), "accuracy",
                               same_document.load, labels=same_document.LABELS)
+TASKS["doc_area"] = Task("doc_area", "classification", len(python_docs.AREA_LABELS), ("dev",),
+                         "accuracy", python_docs.load_doc_area,
+                         labels=python_docs.AREA_LABELS)
+TASKS["word_area"] = Task("word_area", "token", len(python_docs.WORD_LABELS), ("dev",), "f1",
+                          python_docs.load_word_area, labels=python_docs.WORD_LABELS)
 
 
 # Task kind -> the head type exports read from a checkpoint's meta.
