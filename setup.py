@@ -9,7 +9,10 @@ setuptools.setup(
     packages=setuptools.find_packages(include=["bertjax", "bertjax.*"]),
     python_requires=">=3.11",
     install_requires=[
-        "jax>=0.7",
+        # The attention kernels (Pallas) are verified on this range: interpret
+        # mode and the TPU compile on 0.10.2, the GPU tests on 0.11.2
+        # (docs/attention.md); auto's evidence is per minor release.
+        "jax>=0.10.2,<0.12",
         "flax>=0.11",
         "optax>=0.2.5",
         "orbax-checkpoint>=0.11",
@@ -24,6 +27,9 @@ setuptools.setup(
         "tokenizers>=0.15",
         # Sentence splitting of raw documents.
         "blingfire>=0.1.8",
+        # Wikipedia dumps' wikitext read by its C tokenizer (the parser
+        # TFDS's wikipedia uses); create_text renders its tokens.
+        "mwparserfromhell>=0.6,<0.8",
         # TensorBoard event files without a TensorFlow dependency in the loop.
         "tensorboardX>=2.6",
         "tqdm>=4.60",
@@ -40,8 +46,9 @@ setuptools.setup(
         "tpu": ["jax[tpu]"],
         "gpu": ["jax[cuda12]"],
         "beam": ["apache-beam>=2.50"],
-        # The original release's create_pretraining_data.py, for comparison.
-        "bench": ["bert-tensorflow==1.0.4"],
+        # The original release's create_pretraining_data.py, and
+        # WikiExtractor for create_text's speed benchmark, for comparison.
+        "bench": ["bert-tensorflow==1.0.4", "wikiextractor==3.1.0"],
         "test": [
             "pytest>=8",
             "pytest-xdist>=3",
@@ -63,6 +70,7 @@ setuptools.setup(
         "console_scripts": [
             "bertjax-train=bertjax.main:run",
             "bertjax-create-data=bertjax.create_data:run",
+            "bertjax-create-text=bertjax.create_text:run",
         ],
     },
 )

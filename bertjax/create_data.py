@@ -99,12 +99,7 @@ def main(argv):
   from bertjax.create import creation  # pylint: disable=g-import-not-at-top
   from bertjax.create import documents  # pylint: disable=g-import-not-at-top
   pipeline_args = argv[1:]
-  runner = _RUNNER.value
-  if runner != "local" and not runner.startswith("beam:"):
-    raise app.UsageError(f"--runner={runner}: use local or beam:<Runner>.")
-  if pipeline_args and runner == "local":
-    raise app.UsageError(f"Unknown arguments {pipeline_args}; only "
-                         "--runner=beam:... passes extra options on.")
+  runner = cli.beam_runner(_RUNNER.value, pipeline_args)
   if not _OUTPUT_DIR.value:
     raise app.UsageError("--output_dir is required.")
   if not _VOCAB_FILE.value:
@@ -139,7 +134,7 @@ def main(argv):
                                   _DO_LOWER_CASE.value, _TOKENIZER_COMPAT.value)
     source = documents.describe_source(_INPUT_FORMAT.value, _INPUT_FILE.value,
                                       _TFDS_NAME.value, _TFDS_SPLIT.value)
-    if runner == "local":
+    if runner is None:
       creation.create_pretraining_data(
           shards, spec, config, _OUTPUT_DIR.value,
           num_workers=_NUM_WORKERS.value, source=source,
@@ -147,21 +142,17 @@ def main(argv):
     else:
       from bertjax.create import beam_pipeline  # pylint: disable=g-import-not-at-top
       beam_pipeline.run_beam(shards, spec, config, _OUTPUT_DIR.value,
-                             runner=runner[len("beam:"):], source=source,
+                             runner=runner, source=source,
                              pipeline_args=pipeline_args)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
 
 
-def _parse_flags(argv):
-  """Parses our flags; the rest is passed to Beam (or refused by main)."""
-  return flags.FLAGS(argv, known_only=True)
-
-
 def run():
   """Console-script entry point (bertjax-create-data)."""
-  cli.run(main, flags_parser=_parse_flags)
+  # Arguments after the flags go to Beam (or are refused by main).
+  cli.run(main, flags_parser=cli.known_flags)
 
 
 if __name__ == "__main__":

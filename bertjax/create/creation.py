@@ -35,10 +35,8 @@ import contextlib
 import dataclasses
 import gc
 import json
-import multiprocessing
 import os
 import shutil
-import sys
 import time
 from typing import Any, Callable, Optional, Sequence
 
@@ -52,6 +50,7 @@ from bertjax.create import tasks
 from bertjax.records import fileio
 from bertjax.records import hostmem
 from bertjax.records import schema
+from bertjax.records import task_pool
 
 # The names a caller of the driver needs, defined with the map step.
 CreationConfig = mapper.CreationConfig
@@ -208,14 +207,9 @@ def create_pretraining_data(
 def _worker_pool(num_workers, num_tasks, config, tokenizer_spec, tokenizer,
                  show_progress):
   """Yields `run(desc, indices, task, done=None)`, which runs the tasks of a
-  step in a pool of spawned processes (or here, for one worker, with the
-  tokenizer already loaded) and returns their results by index.
-
-  `task(i)` gives (function, *args) of task i; `done(i)`, the result of a
-  task finished by an earlier run, or None. A worker that dies (killed, out
-  of memory) breaks the pool, and the run stops with an error instead of
-  waiting for it.
-  """
+  step (task_pool.run_step) in a pool of spawned processes (or here, for one
+  worker, with the tokenizer already loaded) and returns their results by
+  index."""
   gc_threshold = gc.get_threshold()
   arena = contextlib.nullcontext()
   if num_workers == 1 or num_tasks <= 1:
@@ -226,15 +220,14 @@ def _worker_pool(num_workers, num_tasks, config, tokenizer_spec, tokenizer,
     gc.set_threshold(*tasks.GC_THRESHOLD)
     pool = None
   else:
-    ctx = multiprocessing.get_context("spawn")
     pool = concurrent.futures.ProcessPoolExecutor(
-        min(num_workers, num_tasks), mp_context=ctx,
+        min(num_workers, num_tasks), mp_context=task_pool.spawn_context(),
         initializer=tasks.worker_process_init,
         initargs=(config, tokenizer_spec))
 
   def run(desc: str, indices, task: Callable[[int], tuple],
           done: Callable[[int], Any] = lambda i: None) -> dict[int, Any]:
-    return _run_step(pool, desc, list(indices), task, done, show_progress)
+    return task_pool.run_step(pool, desc, indices, task, done, show_progress)
 
   try:
     with arena:
@@ -244,46 +237,6 @@ def _worker_pool(num_workers, num_tasks, config, tokenizer_spec, tokenizer,
     tasks.worker_close()
     if pool is not None:
       pool.shutdown(cancel_futures=True)
-
-
-def _run_step(pool, desc, indices, task, done, show_progress
-              ) -> dict[int, Any]:
-  out = {i: done(i) for i in indices}
-  todo = [i for i in indices if out[i] is None]
-  bar = None
-  if show_progress and todo:
-    import tqdm  # pylint: disable=g-import-not-at-top
-    bar = tqdm.tqdm(total=len(todo), desc=desc, unit="task", file=sys.stderr)
-  try:
-    if pool is None:
-      for i in todo:
-        fn, *args = task(i)
-        out[i] = fn(*args)
-        _advance(bar)
-      return out
-    futures = {pool.submit(*task(i)): i for i in todo}
-    for future in concurrent.futures.as_completed(futures):
-      i = futures[future]
-      out[i] = _result(future, f"{desc} (task {i})")
-      _advance(bar)
-    return out
-  finally:
-    if bar is not None:
-      bar.close()
-
-
-def _result(future, what):
-  try:
-    return future.result()  # Re-raises a worker's error here.
-  except concurrent.futures.process.BrokenProcessPool as e:
-    raise RuntimeError(
-        f"a worker process stopped unexpectedly while {what} (killed, or out "
-        "of memory? fewer --num_workers use less); rerun to resume.") from e
-
-
-def _advance(bar):
-  if bar is not None:
-    bar.update(1)
 
 
 def format_report(metadata: schema.DatasetMetadata, output_dir: str,

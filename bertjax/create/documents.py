@@ -256,17 +256,9 @@ def _split_document(paragraphs: list[str], report) -> list[str]:
 def _iter_tfds_documents(shard: InputShard, report
                          ) -> Iterator[tuple[list[str], int]]:
   """Documents of a tfds split slice; the feature holds a document's text."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  try:
-    index, count = shard.tfds_part
-    split = tfds.even_splits(shard.tfds_split, n=count)[index]
-    ds = tfds.load(shard.tfds_name, split=split, shuffle_files=False)
-  except Exception as e:  # pylint: disable=broad-except
-    raise ValueError(f"--tfds_name={shard.tfds_name} --tfds_split="
-                     f"{shard.tfds_split}: cannot load ({e}); prepare it with "
-                     "`tfds build` first.") from e
   n = 0
-  for example in tfds.as_numpy(ds):
+  for example in corpus.tfds_examples(shard.tfds_name, shard.tfds_split,
+                                      shard.tfds_part):
     if shard.tfds_feature not in example:
       raise ValueError(f"--tfds_feature={shard.tfds_feature}: not in "
                        f"{shard.tfds_name} (has {sorted(example)}).")

@@ -17,7 +17,6 @@ size of the input, a partition or an output shard.
 
 import collections
 import gc
-import json
 import os
 import shutil
 from typing import Any, Sequence
@@ -27,7 +26,7 @@ from bertjax.create import mapper
 from bertjax.create import partition
 from bertjax.create import records
 from bertjax.create import spills
-from bertjax.records import fileio
+from bertjax.records import task_pool
 
 _WORKER = {}
 # The cyclic garbage collector's thresholds while tasks run. Creation makes
@@ -83,22 +82,10 @@ def _mapper() -> mapper.ShardMapper:
   return _WORKER["mapper"]
 
 
-def task_dir(work_dir: str, kind: str, index: int) -> str:
-  return os.path.join(work_dir, f"{kind}-{index:05d}")
-
-
-def read_done(work_dir: str, kind: str, index: int):
-  """A finished task's result, or None."""
-  path = task_dir(work_dir, kind, index) + ".json"
-  if not os.path.exists(path):
-    return None
-  return json.loads(fileio.read_text(path))
-
-
-def _finish(work_dir: str, kind: str, index: int, result: dict) -> dict:
-  path = task_dir(work_dir, kind, index) + ".json"
-  fileio.write_text(path, json.dumps(result))
-  return result
+# A task's directory of runs, and its result file (task_pool).
+task_dir = task_pool.task_dir
+read_done = task_pool.read_done
+_finish = task_pool.finish
 
 
 def _fresh_dir(path: str) -> str:

@@ -13,7 +13,7 @@ splitting never limits data creation. Its rules keep abbreviations ("Mr.",
 model download.
 """
 
-from typing import Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 from bertjax.records import fileio
 
@@ -57,3 +57,19 @@ def iter_lines(paths: Iterable[str], counts: Optional[dict] = None
         text = decode_line(line, counts).strip()
         if text:
           yield text
+
+
+def tfds_examples(name: str, split: str, part: tuple[int, int] = (0, 1)
+                  ) -> Iterator[dict[str, Any]]:
+  """The examples (numpy) of part `part[0]` of tfds.even_splits(split,
+  part[1]) of a prepared TensorFlow Datasets dataset, in order. ValueError
+  naming --tfds_name if it cannot be loaded."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  try:
+    index, count = part
+    ds = tfds.load(name, split=tfds.even_splits(split, n=count)[index],
+                   shuffle_files=False)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ValueError(f"--tfds_name={name} --tfds_split={split}: cannot load "
+                     f"({e}); prepare it with `tfds build` first.") from e
+  yield from tfds.as_numpy(ds)

@@ -19,9 +19,10 @@ import functools
 import os
 import re
 import sys
-from typing import Callable
+from typing import Callable, Optional, Sequence
 
 from absl import app
+from absl import flags
 from absl import logging
 
 _FLAG = re.compile(r"(?:^|[\s'\"(=,;])--[A-Za-z]")
@@ -100,6 +101,25 @@ def _one_line_parse_errors(parser: Callable[[list[str]], list[str]]):
               "(the config file lists its fields)", 1)
       _exit(f"{', '.join(named)}: {e}", 1)
   return parse
+
+
+def known_flags(argv: list[str]) -> list[str]:
+  """A flags_parser for `run` that parses the program's flags and leaves the
+  rest (Apache Beam's pipeline options) to it."""
+  return flags.FLAGS(argv, known_only=True)
+
+
+def beam_runner(runner: str, extra_args: Sequence[str]) -> Optional[str]:
+  """The Beam runner of `--runner=beam:<Runner>`, or None for `local`; a
+  UsageError for another value, or for arguments left over without Beam."""
+  if runner != "local" and not runner.startswith("beam:"):
+    raise app.UsageError(f"--runner={runner}: use local or beam:<Runner>.")
+  if runner == "local":
+    if extra_args:
+      raise app.UsageError(f"Unknown arguments {list(extra_args)}; only "
+                           "--runner=beam:... passes extra options on.")
+    return None
+  return runner[len("beam:"):]
 
 
 def run(main: Callable[[list[str]], None], **kwargs) -> None:
