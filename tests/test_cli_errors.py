@@ -36,6 +36,10 @@ def _run(module, *flags):
     ("bertjax.convert.export", ["--checkpoint=WORKDIR/checkpoints", "--output=WORKDIR/out"],
      "--do_lower_case"),
     ("bertjax.create_data", ["--output_dir=WORKDIR/out"], "--vocab_file"),
+    ("bertjax.fit", ["--config=configs/large.py", "--phase=seq1024"], "--phase=seq1024"),
+    ("bertjax.fit", ["--config=configs/large.py", "--num_slices=2"], "--num_slices=2"),
+    ("bertjax.fit", ["--config=configs/finetune/squad.py", "--find_max_batch"],
+     "--find_max_batch"),
 ])
 def test_a_bad_flag_is_one_line_naming_it(module, flags, named, tmp_path):
   result = _run(module, *(f.replace("WORKDIR", str(tmp_path)) for f in flags))

@@ -1,5 +1,5 @@
 """The demo corpus's labelled tasks (bertjax/create/demo_tasks.py, bertjax/tasks/
-python_docs.py) and the suite that fine-tunes on them (bertjax/benchmarks/suite.py)."""
+python_docs.py) and the suite that fine-tunes on them (bertjax/studies/suite.py)."""
 
 import os
 
@@ -7,7 +7,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bertjax.benchmarks import suite
+from bertjax.studies import suite
 from bertjax.create import demo_tasks
 from bertjax.tasks import python_docs
 from bertjax.tasks import registry
@@ -179,7 +179,7 @@ def test_the_real_corpus_gives_every_area_and_shared_words(tmp_path):
 def _suite_cli(args, tmp_path):
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
-  return subprocess.run([sys.executable, "-m", "bertjax.benchmarks.suite", *args],
+  return subprocess.run([sys.executable, "-m", "bertjax.studies.suite", *args],
                         capture_output=True, text=True, timeout=300, check=False,
                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -3,7 +3,7 @@ direct mean over the real rows, dev evaluation during training with the best che
 and early stopping, and a sweep that compiles its train step once.
 
 (SIGTERM and SIGKILL of a real fine-tuning process are in test_finetune_faults.py; the
-ahead-of-time fit check on libtpu is in test_tpu_fit.py.)
+ahead-of-time fit check on libtpu is in test_fit.py.)
 """
 
 import functools

@@ -138,40 +138,41 @@ if __name__ == "__main__":
 
 
 def test_aot_result_splits_a_chips_nominal_hbm_between_its_devices():
-  from bertjax.benchmarks import aot  # pylint: disable=g-import-not-at-top
+  from bertjax.fit import aot  # pylint: disable=g-import-not-at-top
   r = aot.AotResult(
       topology="v4:2x2x1", devices=8, chips=4, device_kind="TPU v4", mesh={"data": 8},
       phase="seq128", global_batch_size=256, seq_len=128, attention="splash",
       compile_seconds=1.0, argument_bytes=10 * 2**30, temp_bytes=7 * 2**30,
       unaliased_output_bytes=0, compiled_flops=None, analytic_flops=1.0, xla_view_flops=1.0)
   assert r.nominal_hbm_bytes == 16 * 2**30 and r.total_bytes == 17 * 2**30
-  assert r.fits is None  # The fit needs the compiler's available HBM (tests/test_tpu_fit.py).
+  assert r.fits is None  # The fit needs the compiler's available HBM (tests/test_fit.py).
   assert aot.AotResult(**{**r.__dict__, "device_kind": "cpu"}).nominal_hbm_bytes is None
 
 
 def test_a_step_larger_than_the_devices_memory_is_refused_naming_the_fields():
   """bertjax.benchmarks.step_bench checks a compiled step's memory against the device's
   bytes_limit before running it (a GPU reports one; the CPU none)."""
-  from bertjax.benchmarks import aot  # pylint: disable=g-import-not-at-top
+  from bertjax.train import step_setup  # pylint: disable=g-import-not-at-top
   compiled = jax.jit(lambda x: jnp.sin(x) @ x).lower(jnp.ones((256, 256))).compile()
   mem = compiled.memory_analysis()
   needed = (mem.argument_size_in_bytes + mem.temp_size_in_bytes
             + mem.output_size_in_bytes - mem.alias_size_in_bytes)
   assert needed >= 256 * 256 * 4 * 2  # The argument and the output at least.
-  assert aot.device_memory_problem(mem, None, "cpu", "seq512") is None
-  assert aot.device_memory_problem(mem, needed, "H100", "seq512") is None
-  problem = aot.device_memory_problem(mem, needed - 1, "NVIDIA H100", "seq512")
+  assert step_setup.needed_bytes(mem) == needed
+  assert step_setup.device_memory_problem(mem, None, "cpu", "seq512") is None
+  assert step_setup.device_memory_problem(mem, needed, "H100", "seq512") is None
+  problem = step_setup.device_memory_problem(mem, needed - 1, "NVIDIA H100", "seq512")
   for part in ("the seq512 train step needs", "one NVIDIA H100 lets it use",
                "--config.optimizer.grad_accum_steps", "--config.model.remat_policy",
                "--config.phases.seq512.global_batch_size"):
     assert part in problem
   assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in problem
-  assert "XLA_PYTHON_CLIENT_MEM_FRACTION" in aot.device_memory_problem(
+  assert "XLA_PYTHON_CLIENT_MEM_FRACTION" in step_setup.device_memory_problem(
       mem, needed - 1, "NVIDIA H100", "seq512", "gpu")
 
 
 def test_xla_view_of_flops_drops_scanned_layers_and_pallas_attention():
-  from bertjax.benchmarks import aot  # pylint: disable=g-import-not-at-top
+  from bertjax.fit import aot  # pylint: disable=g-import-not-at-top
   config = _config(scan_layers=True)
   # One layer of the loop plus the last layer, which runs outside it.
   seen = config.replace(num_layers=2)
@@ -203,10 +204,10 @@ def _fake_aot_compile(compiled, gib_at, hbm, refuse_over=None, slices=1):
   Appends each compiled per-device batch to `compiled`; above `refuse_over`
   GiB it raises the compiler's RESOURCE_EXHAUSTED.
   """
-  from bertjax.benchmarks import aot  # pylint: disable=g-import-not-at-top
+  from bertjax.fit import aot  # pylint: disable=g-import-not-at-top
 
   def fake_compile(config, topology, phase_name, global_batch_size, vocab_size=6000,
-                   num_slices=1):
+                   num_slices=1, available_bytes=None):
     assert num_slices == slices  # The search passes its slices on ...
     assert vocab_size == 6000  # ... and its vocab size, to every compile.
     per_device = global_batch_size // 8
@@ -238,7 +239,7 @@ def _fake_aot_compile(compiled, gib_at, hbm, refuse_over=None, slices=1):
 @pytest.mark.parametrize("refuse_over", [None, 16.5])
 def test_find_max_batch_brackets_the_answer_with_compiles(monkeypatch, fixed, per_item,
                                                           curve, hbm, hint, refuse_over):
-  from bertjax.benchmarks import aot, max_batch  # pylint: disable=g-import-not-at-top
+  from bertjax.fit import aot, max_batch  # pylint: disable=g-import-not-at-top
   compiled = []
   fake_compile = _fake_aot_compile(
       compiled, lambda n: fixed + per_item * n + curve * n ** 2, hbm, refuse_over)
@@ -277,11 +278,11 @@ def test_packed_search_counts_rows_and_compiles_whole_examples(monkeypatch):
   compile gets rows x packing_factor examples, and its resolution keeps that
   a whole number."""
   import ml_collections  # pylint: disable=g-import-not-at-top
-  from bertjax.benchmarks import aot, max_batch  # pylint: disable=g-import-not-at-top
+  from bertjax.fit import aot, max_batch  # pylint: disable=g-import-not-at-top
   asked = []
 
   def fake_compile(config, topology, phase_name, global_batch_size, vocab_size=30522,
-                   num_slices=1):
+                   num_slices=1, available_bytes=None):
     rows = round(global_batch_size / float(config.data.packing_factor))
     # A whole number of rows, as run_config.validate requires.
     assert abs(global_batch_size / float(config.data.packing_factor) - rows) < 1e-9
@@ -324,7 +325,7 @@ def test_packed_search_counts_rows_and_compiles_whole_examples(monkeypatch):
     (8, 600, None),  # the bracket find it.
 ])
 def test_find_max_batch_from_a_guess_on_several_slices(monkeypatch, start, guess, compiles):
-  from bertjax.benchmarks import aot, max_batch  # pylint: disable=g-import-not-at-top
+  from bertjax.fit import aot, max_batch  # pylint: disable=g-import-not-at-top
   compiled = []
   gib_at = lambda n: 1.0 + 0.05 * n  # Fits up to 300 sequences per device: the answer is 296.
   fake_compile = _fake_aot_compile(compiled, gib_at, 16.0, refuse_over=20.0, slices=4)

@@ -9,12 +9,12 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax.benchmarks import aot
 from bertjax.benchmarks import step_bench
 from bertjax.records import schema
 from bertjax.train import flops
 from bertjax.train import loop
 from bertjax.train import run_config
+from bertjax.train import step_setup
 from test_packing_pipeline import P, dataset  # pylint: disable=unused-import
 from test_train import forbid_building_state, losses, tiny_config
 
@@ -104,24 +104,25 @@ def test_logged_real_tokens_are_the_fed_batches_input_mask(dataset, tmp_path, mo
 
 @pytest.mark.parametrize("packed", [True, False])
 def test_benchmark_compiles_for_the_batch_the_pipeline_yields(dataset, packed):
-  """bertjax.benchmarks.step_bench's abstract batch has the fields, shapes and dtypes of the
-  training pipeline's batch: with packing 16 examples / 1.6 = 10 rows."""
+  """The abstract batch that the fit check compiles for (step_setup.batch_specs) has the
+  fields, shapes and dtypes of the training pipeline's batch: with packing 16 examples /
+  1.6 = 10 rows."""
   overrides = {"data.packing": True, "data.packing_factor": 1.6} if packed else {}
   config = config_on(dataset, **overrides)
   model_config = run_config.validate(config)
   phase = run_config.phases(config)[0]
   batch = next(loop._train_source(config, phase, model_config).iterate(0))  # pylint: disable=protected-access
-  specs = aot.batch_specs(config, phase, None)
+  specs = step_setup.batch_specs(config, phase, None)
   assert ({k: (v.shape, np.dtype(v.dtype)) for k, v in specs.items()}
           == {k: (v.shape, v.dtype) for k, v in batch.items()})
   assert specs["input_ids"].shape == ((10, 32) if packed else (16, 32))
   assert set(schema.PACKED_KEYS) & set(specs) == (set(schema.PACKED_KEYS) if packed else set())
   # The benchmark reads no records: it compiles for packed shapes on synthetic
   # data, which a training run refuses.
-  aot.build(config.copy_and_resolve_references(), jax.devices(), compile_only=True)
+  step_setup.build(config.copy_and_resolve_references(), jax.devices(), compile_only=True)
   if packed:
     with pytest.raises(run_config.ConfigError, match=r"--config\.data\.packing: packs records"):
-      aot.build(config.copy_and_resolve_references(), jax.devices())
+      step_setup.build(config.copy_and_resolve_references(), jax.devices())
     # The timed run has unpacked synthetic batches only.
     with pytest.raises(app.UsageError, match=r"--config\.data\.packing=True: the timed run"):
       step_bench.run_benchmark(config)

@@ -1,9 +1,9 @@
-"""The recipe benchmarks' demo-scale configs."""
+"""The recipe studies' demo-scale configs."""
 
 import pytest
 
-from bertjax.benchmarks import downstream_budget
-from bertjax.benchmarks import recipes
+from bertjax.studies import downstream_budget
+from bertjax.studies import recipes
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +47,7 @@ def test_downstream_budget_names_the_bad_flag(tmp_path):
 
 
 def test_time_to_quality_modern_settings_change_the_modern_recipe_only():
-  from bertjax.benchmarks import time_to_quality  # pylint: disable=import-outside-toplevel
+  from bertjax.studies import time_to_quality  # pylint: disable=import-outside-toplevel
   tiny = recipes.paper_config(1000)
   modern = time_to_quality.recipe_config("modern", 1000, lr_scale=2.0, warmup_pct=2,
                                          mask_rate=0.15, seed=3)
@@ -112,7 +112,7 @@ def test_pretrain_in_processes_names_the_failed_recipe_and_stops(tmp_path, monke
 
 
 def test_ablation_orders_only_the_scores_that_the_dev_set_tells_apart():
-  from bertjax.benchmarks import ablation  # pylint: disable=g-import-not-at-top
+  from bertjax.studies import ablation  # pylint: disable=g-import-not-at-top
   margin = ablation.noise_margin(1000)
   assert abs(margin - 0.0316) < 1e-3
   # The published run: 0.6010, 0.5000, 0.5010.

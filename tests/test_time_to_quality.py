@@ -1,10 +1,10 @@
-"""The arithmetic of bertjax/benchmarks/time_to_quality.py and recipes.py: model
+"""The arithmetic of bertjax/studies/time_to_quality.py and recipes.py: model
 FLOPs to a step, the projection to BERT-BASE and the median (range) cells."""
 
 import pytest
 
-from bertjax.benchmarks import recipes
-from bertjax.benchmarks import time_to_quality
+from bertjax.studies import recipes
+from bertjax.studies import time_to_quality
 from bertjax.model.config import BertConfig
 from bertjax.train import flops
 
@@ -54,7 +54,7 @@ def test_run_names_carry_recipe_and_seed():
 
 
 def test_grid_searches_one_setting_at_a_time_from_the_first_values():
-  from bertjax.benchmarks import recipe_grid  # pylint: disable=g-import-not-at-top
+  from bertjax.studies import recipe_grid  # pylint: disable=g-import-not-at-top
   scored = []
 
   def score(point):
@@ -67,7 +67,7 @@ def test_grid_searches_one_setting_at_a_time_from_the_first_values():
 
 
 def test_step_cost_variants_change_one_ingredient_each(tmp_path):
-  from bertjax.benchmarks import recipe_step_cost as cost  # pylint: disable=g-import-not-at-top
+  from bertjax.studies import recipe_step_cost as cost  # pylint: disable=g-import-not-at-top
   paper = cost.variant_config("paper128", 1000, str(tmp_path))
   assert list(paper.phases) == ["seq128"] and paper.phases.seq128.fraction == 1.0
   assert paper.objective == "mlm+nsp" and paper.phases.seq128.max_predictions_per_seq == 20

@@ -1,4 +1,4 @@
-"""Measures the steady-state train step on synthetic data, or compiles it for a TPU slice.
+"""Measures the steady-state train step on synthetic data.
 
   python -m bertjax.benchmarks.step_bench --config=configs/base.py --phase=seq128 --steps=20
 
@@ -7,25 +7,11 @@ from the analytic model FLOPs, HFU from XLA's count where it is complete; with
 --compile_cache_dir the compile is loaded from that cache when it holds the
 step). On a device that reports how much memory a program may use (a GPU), a
 step whose compiled program needs more, by XLA's memory analysis, stops with
-the config fields to change before it runs. With --topology (e.g. v5e:2x4, v4:2x2x1) it instead compiles the step
-ahead of time for that TPU slice on this machine (needs `pip install
-jax[tpu]` and JAX_PLATFORMS=cpu) and prints the per-device memory the program
-needs, whether it fits the HBM that the compiler lets a program use on one
-device of that slice, and XLA's FLOPs against the analytic count, which
-shows that it compiles and fits before any TPU is booked; --find_max_batch
-searches for the largest per-device batch that fits. With --num_slices=N it
-compiles for N such slices joined by the data-center network (DCN) and also
-prints the bytes each device sends over the DCN per step, read from the
-compiled program (bertjax/benchmarks/dcn_traffic.py), beside the analytic
-gradient all-reduce.
-With --config.data.packing=True the compile is of the packed train step:
-its batch has the rows, fields and shapes that the input pipeline packs a
-global batch into (run_config.batch_shapes), and --find_max_batch searches
-the packed rows per device. The timed run has no packed synthetic data and
-refuses packing.
-The compile is bertjax/benchmarks/aot.py's, the search
-bertjax/benchmarks/max_batch.py's; bertjax/benchmarks/tpu_fit_table.py runs
-them over configs and slices."""
+the config fields to change before it runs. The model, optimizer and mesh
+are bertjax/train/step_setup.py's, as the fit check's (`python -m
+bertjax.fit`, which compiles the step ahead of time for a TPU slice without
+running it). The timed run has no packed synthetic data and refuses
+packing."""
 
 # glibc reads its malloc tunables at start-up: with BERTJAX_HOST_MALLOC=tuned,
 # on the CPU, this program's own command line re-executes itself once with
@@ -34,7 +20,6 @@ them over configs and slices."""
 from bertjax.records import hostmem  # pylint: disable=g-bad-import-order
 hostmem.reexec_for_cpu("bertjax.benchmarks.step_bench")
 
-import math
 import time
 
 from absl import app
@@ -42,67 +27,35 @@ from absl import flags
 import jax
 from ml_collections import config_flags
 
-from bertjax.benchmarks import aot
-from bertjax.benchmarks import max_batch
 from bertjax.input import device as device_lib
 from bertjax.input.synthetic import SyntheticSource
+from bertjax.train import cli
 from bertjax.train import flops
 from bertjax.train import profiling
 from bertjax.train import sharding as sharding_lib
 from bertjax.train import state as state_lib
 from bertjax.train import step as step_lib
+from bertjax.train import step_setup
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file.",
                                           lock_config=True)
 _PHASE = flags.DEFINE_string("phase", "", "Phase to measure (default: the first).")
 _STEPS = flags.DEFINE_integer("steps", 20, "Timed steps after the warm-up.")
 _WARMUP = flags.DEFINE_integer("warmup", 3, "Untimed steps after compilation.")
-_TOPOLOGY = flags.DEFINE_string("topology", "", "Compile ahead of time for this TPU "
-                                "topology (e.g. v5e:2x2) instead of running.")
-_NUM_SLICES = flags.DEFINE_integer(
-    "num_slices", 1, "With --topology: compile for this many slices of it, joined by the "
-    "data-center network (config.mesh.dcn_* split the mesh across them).")
 _VOCAB = flags.DEFINE_integer("vocab_size", 30522, "Vocab size when config.model.vocab_size is 0.")
 _CACHE = flags.DEFINE_string(
     "compile_cache_dir", "", "Persistent compilation cache directory; a second run with "
     "the same config loads the step from it.")
-_FIND_MAX_BATCH = flags.DEFINE_bool(
-    "find_max_batch", False, "With --topology: search for the largest per-device batch "
-    "that fits the HBM available on a device (one ahead-of-time compile per try).")
-
-
-def compile_for_topology(config):
-  """Ahead-of-time compile for a TPU slice; prints per-device memory and FLOPs."""
-  if _FIND_MAX_BATCH.value:
-    config_copy = config.copy_and_resolve_references()
-    slices = _NUM_SLICES.value
-    dp = math.prod(sharding_lib.mesh_shape(
-        config.mesh, max_batch.num_devices(_TOPOLOGY.value, slices), slices)[:2])
-    phase = _PHASE.value or next(iter(config.phases))
-    factor = max_batch.packing_factor(config) or 1
-    best, result, _ = max_batch.find_max_batch(
-        lambda: config_copy.copy_and_resolve_references(), _TOPOLOGY.value, phase,
-        int(config.phases[phase].global_batch_size / factor) // dp,
-        vocab_size=_VOCAB.value, num_slices=slices)
-    examples = max_batch.examples_for_rows(config, best)
-    packed = ("" if factor == 1 else f" packed rows, {examples} examples "
-              f"at data.packing_factor={config.data.packing_factor}")
-    print(f"largest per-device batch that fits: {best}{packed}")
-    if result is not None:
-      aot.print_aot(result)
-    return
-  aot.print_aot(aot.aot_compile(config, _TOPOLOGY.value, _PHASE.value,
-                                vocab_size=_VOCAB.value, num_slices=_NUM_SLICES.value))
 
 
 def run_benchmark(config):
   if config.data.get("packing", False):
     raise app.UsageError(
-        "--config.data.packing=True: the timed run has unpacked synthetic batches only; add "
-        "--topology=... to compile the packed step for a TPU slice, or time it on records "
-        "with python -m bertjax.benchmarks.packing_bench")
+        "--config.data.packing=True: the timed run has unpacked synthetic batches only; check "
+        "the packed step's fit with python -m bertjax.fit, or time it on records with "
+        "python -m bertjax.benchmarks.packing_bench")
   devices = jax.devices()
-  model_config, phase, mesh, rules, model, tx = aot.build(
+  model_config, phase, mesh, rules, model, tx = step_setup.build(
       config, devices, phase_name=_PHASE.value, vocab_size=_VOCAB.value)
   state, shardings = state_lib.create_train_state(model, tx, mesh, rules, jax.random.key(0))
   source = SyntheticSource(phase.global_batch_size, max_seq_length=phase.max_seq_length,
@@ -119,7 +72,7 @@ def run_benchmark(config):
         grad_accum_steps=config.optimizer.grad_accum_steps)
     step_fn = step_fn.lower(state, batch, rng).compile()
     compile_s = time.perf_counter() - t0
-    problem = aot.device_memory_problem(
+    problem = step_setup.device_memory_problem(
         step_fn.memory_analysis(), (devices[0].memory_stats() or {}).get("bytes_limit"),
         devices[0].device_kind, phase.name, devices[0].platform)
     if problem:  # Said before the run fails for lack of memory.
@@ -169,11 +122,8 @@ def main(argv):
     raise app.UsageError("--config is required, e.g. --config=configs/base.py")
   if _CACHE.value:
     profiling.enable_compilation_cache(_CACHE.value)
-  if _TOPOLOGY.value:
-    compile_for_topology(_CONFIG.value)
-  else:
-    run_benchmark(_CONFIG.value)
+  run_benchmark(_CONFIG.value)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

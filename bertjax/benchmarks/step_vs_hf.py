@@ -42,13 +42,13 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bertjax.benchmarks import aot
 from bertjax.input.synthetic import SyntheticSource
 from bertjax.records import hostmem
 from bertjax.records import schema
 from bertjax.train import sharding as sharding_lib
 from bertjax.train import state as state_lib
 from bertjax.train import step as step_lib
+from bertjax.train import step_setup
 
 VOCAB, HIDDEN, LAYERS, HEADS, FFN = 30522, 256, 4, 4, 1024
 SEQ, PREDICTIONS, BATCH, DROPOUT = 128, 20, 32, 0.1
@@ -78,8 +78,8 @@ def bertjax_step(batch):
 def compiled_train_step(config, batch, vocab_size: int = VOCAB):
   """() -> runs one train step of `config` (phase seq128) on `batch`, the
   state kept inside, jitted and compiled."""
-  _, _, mesh, rules, model, tx = aot.build(config, jax.devices(), phase_name="seq128",
-                                           vocab_size=vocab_size)
+  _, _, mesh, rules, model, tx = step_setup.build(config, jax.devices(), phase_name="seq128",
+                                                  vocab_size=vocab_size)
   state, shardings = state_lib.create_train_state(model, tx, mesh, rules, jax.random.key(0))
   rng = jax.random.key(1)
   with sharding_lib.mesh_context(mesh, rules):

@@ -37,7 +37,7 @@ def _path(task: str, split: str, config) -> str:
   if not fileio.exists(path):
     raise FileNotFoundError(
         f"--config.data_dir={config.data_dir}: no tasks/{task}/{_FILES[task][split]} "
-        "(python -m bertjax.benchmarks.suite builds it from the demo's text)")
+        "(python -m bertjax.studies.suite builds it from the demo's text)")
   return path
 
 

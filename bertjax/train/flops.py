@@ -38,7 +38,7 @@ PEAK_TFLOPS = (
 
 # Nominal HBM per chip in GiB, matched the same way. What the TPU compiler lets
 # a program use differs (15.75 GiB on a v5e chip); the fit checks use that
-# figure (bertjax.benchmarks.tpu_topology.available_hbm_bytes), not this table.
+# figure (bertjax.fit.topology.available_hbm_bytes), not this table.
 HBM_GIB = (
     ("TPU v6 lite", 32.0),
     ("TPU v6e", 32.0),

@@ -1,7 +1,7 @@
 """Fine-tuning the demo model on doc_area: which part of Python a sentence of the
 demo corpus documents (nine areas; single sentence; accuracy).
 
-  python -m bertjax.benchmarks.suite --data_dir=WORKDIR/demo_data \
+  python -m bertjax.studies.suite --data_dir=WORKDIR/demo_data \
       --checkpoint=WORKDIR/checkpoints/1800 --workdir=/tmp/suite
 
 runs it with the suite's other tasks (the suite writes the task's files under

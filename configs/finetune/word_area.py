@@ -3,7 +3,7 @@ parts of Python use ("buffer", "connection", "close", ...) tagged with the part
 that the sentence documents, the other words O (token tagging, span F1; each
 word's first sub-token carries its tag). Context, not the word, tells the tag.
 
-  python -m bertjax.benchmarks.suite --data_dir=WORKDIR/demo_data \
+  python -m bertjax.studies.suite --data_dir=WORKDIR/demo_data \
       --checkpoint=WORKDIR/checkpoints/1800 --workdir=/tmp/suite
 
 runs it with the suite's other tasks (the suite writes the task's files under

@@ -1,5 +1,5 @@
 """Pretraining recipes at demo scale, measured the same way: the pieces that
-benchmarks/time_to_quality.py and benchmarks/ablation.py share.
+studies/time_to_quality.py and studies/ablation.py share.
 
 A recipe's run is bertjax.main's pretraining on the demo corpus
 (configs/tiny.py's model and data) with checkpoints every few hundred steps,
@@ -9,7 +9,7 @@ finished save; compiles, input and saves count, as they would for a user).
 Afterwards every checkpoint is scored on the same held-out records, the
 demo's eval_128 (the paper's records, 15% of tokens masked, the same masked
 positions for every recipe), and fine-tuned on the downstream suite
-(benchmarks/suite.py).
+(studies/suite.py).
 """
 
 import dataclasses

@@ -1,6 +1,6 @@
 """The paper's Table 5 (effect of the pretraining tasks) at demo scale.
 
-  python -m bertjax.benchmarks.ablation --workdir=/tmp/ablation [--total_steps=4800]
+  python -m bertjax.studies.ablation --workdir=/tmp/ablation [--total_steps=4800]
 
 Pretrains the demo model (configs/tiny.py) three times for the same number of
 steps, at the same time (recipes.pretrain_in_processes: one process each, so
@@ -9,7 +9,7 @@ config.objective: mlm+nsp (BERT), mlm (No NSP: full
 sentences, no NSP head) and ltr (LTR & No NSP: a causal left-to-right LM
 predicting every next token); every other setting is tiny.py's (static 15%
 masks for the two masked objectives, lengths 128 then 512). Each final
-checkpoint is fine-tuned on the downstream suite (benchmarks/suite.py: the
+checkpoint is fine-tuned on the downstream suite (studies/suite.py: the
 same-document pairs, doc_area and word_area; an ltr checkpoint keeps its
 causal mask) and scored on the held-out records at 15% masking (not for ltr,
 which predicts no masked tokens). Prints each task's dev score and the mean
@@ -22,8 +22,8 @@ import math
 import os
 
 from bertjax import downstream
-from bertjax.benchmarks import recipes
-from bertjax.benchmarks import suite
+from bertjax.studies import recipes
+from bertjax.studies import suite
 from bertjax.train import cli
 
 # Devlin et al. (2018), Table 5: dev scores of BERT-BASE and its ablations.
@@ -84,7 +84,7 @@ def main():
   pattern = recipes.eval_pattern(root)
   recipes.prepare_data([_config(o, args.total_steps) for o in PAPER], root)
   curves = recipes.pretrain_in_processes(
-      "bertjax.benchmarks.ablation", [_dirname(o) for o in PAPER], root,
+      "bertjax.studies.ablation", [_dirname(o) for o in PAPER], root,
       [f"--workdir={root}", f"--total_steps={args.total_steps}"], side_by_side=True)
   results = {}
   for objective in PAPER:
@@ -98,7 +98,7 @@ def main():
         "downstream": suite.score(final, os.path.join(root, "demo_data"),
                                   os.path.join(root, "suite", name)),
     }
-  command = (f"python -m bertjax.benchmarks.ablation --workdir={args.workdir} "
+  command = (f"python -m bertjax.studies.ablation --workdir={args.workdir} "
              f"--total_steps={args.total_steps} --eval_batches={args.eval_batches}")
   cols = list(PAPER["mlm+nsp"])
   tasks = [*suite.TASKS, "non_nsp_mean"]
@@ -117,7 +117,7 @@ def main():
   lines += ["", "same_document (NSP's question): " + order_line(
       {o: r["downstream"]["same_document"] for o, r in results.items()}, margin),
             "", "non_nsp_mean: the mean of doc_area's accuracy and word_area's F1 "
-            "(benchmarks/suite.py)."]
+            "(studies/suite.py)."]
   table = "\n".join(lines)
   print(table)
   with open(os.path.join(root, "ablation.md"), "w", encoding="utf-8") as f:

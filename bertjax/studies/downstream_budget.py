@@ -1,6 +1,6 @@
 """The demo's downstream score against the fine-tuning budget, from given checkpoints.
 
-  python -m bertjax.benchmarks.downstream_budget --root=/tmp/ttq2 \\
+  python -m bertjax.studies.downstream_budget --root=/tmp/ttq2 \\
       --checkpoint=paper=paper/checkpoints/4800 --checkpoint=modern=modern/checkpoints/4800 \\
       [--epochs=2,10] [--seeds=0,1,2] [--random_init] [--segment_b_init=keep,copy_a]
 
@@ -22,8 +22,8 @@ import os
 import statistics
 from typing import Optional
 
-from bertjax.benchmarks import recipes
-from bertjax.benchmarks import suite
+from bertjax.studies import recipes
+from bertjax.studies import suite
 from bertjax.convert import weights
 from bertjax.train import cli
 

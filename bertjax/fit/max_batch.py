@@ -1,10 +1,11 @@
-"""The largest per-device batch whose train step fits a TPU slice, searched by compiles.
+"""The largest per-device batch whose train step fits a TPU slice (or this machine's
+devices), searched by compiles.
 
-Each try is an ahead-of-time compile (bertjax/benchmarks/aot.py) of the
-step at one per-device batch; memory grows close to linearly with the
-batch, so a few compiles predict the answer and two neighbouring ones
-confirm it. Used by `bertjax.benchmarks.step_bench --find_max_batch` and
-bertjax/benchmarks/tpu_fit_table.py.
+Each try is an ahead-of-time compile (bertjax/fit/aot.py) of the step at one
+per-device batch; memory grows close to linearly with the batch, so a few
+compiles predict the answer and two neighbouring ones confirm it. Used by
+`python -m bertjax.fit --find_max_batch` and the fit table
+(bertjax/fit/table.py).
 """
 
 import fractions
@@ -13,8 +14,8 @@ from typing import NamedTuple
 
 import jax
 
-from bertjax.benchmarks import aot
-from bertjax.benchmarks import tpu_topology
+from bertjax.fit import aot
+from bertjax.fit import topology as topology_lib
 from bertjax.train import sharding as sharding_lib
 
 
@@ -55,11 +56,12 @@ class MaxBatch(NamedTuple):
 def find_max_batch(make_config, topology: str, phase_name: str, start: int,
                    log=print, known: aot.AotResult | None = None,
                    per_item_hint: float | None = None, vocab_size: int = 30522,
-                   num_slices: int = 1, guess: int | None = None) -> MaxBatch:
+                   num_slices: int = 1, guess: int | None = None,
+                   available_bytes: int | None = None) -> MaxBatch:
   """Largest per-device batch (a multiple of search_step) that fits: search over compiles.
 
-  `make_config()` gives a fresh run config (`vocab_size` and `num_slices`
-  as in aot_compile; vocab_size is used where its model.vocab_size is 0);
+  `make_config()` gives a fresh run config (`vocab_size`, `num_slices` and
+  `available_bytes` as in aot_compile; vocab_size is used where its model.vocab_size is 0);
   the batch per device is the rows of the step per data-parallel device
   (global batch / (mesh.data x mesh.fsdp); with data.packing, packed rows,
   each compiled with rows x data.packing_factor examples: examples_for_rows),
@@ -92,11 +94,12 @@ def find_max_batch(make_config, topology: str, phase_name: str, start: int,
       try:
         tried[per_device] = aot.aot_compile(config, topology, phase_name,
                                         examples_for_rows(config, per_device * dp),
-                                        vocab_size=vocab_size, num_slices=num_slices)
+                                        vocab_size=vocab_size, num_slices=num_slices,
+                                        available_bytes=available_bytes)
         log(f"  per-device batch {per_device}: {aot.gib(tried[per_device].total_bytes)} -> "
             f"{'fits' if tried[per_device].fits else 'does not fit'}")
       except jax.errors.JaxRuntimeError as e:
-        if not tpu_topology.is_out_of_memory(e):
+        if not topology_lib.is_out_of_memory(e):
           raise
         tried[per_device] = None
         log(f"  per-device batch {per_device}: the compiler ran out of HBM -> does not fit")
@@ -182,4 +185,4 @@ def find_max_batch(make_config, topology: str, phase_name: str, start: int,
 
 
 def num_devices(topology: str, num_slices: int = 1) -> int:
-  return len(tpu_topology.topology_devices(topology, num_slices))
+  return len(topology_lib.devices(topology, num_slices))

@@ -1,7 +1,11 @@
-"""TPU topologies compiled for on a CPU host: their devices and the HBM a program may use.
+"""What a fit check compiles for: the devices of a TPU topology, on any host, or
+this machine's own, and the memory a program may use on one of them.
 
-Ahead-of-time compiles (bertjax.benchmarks.step_bench --topology, the fit table) take
-their devices and their memory limit from here.
+A topology (e.g. v5e:2x4, v4:2x2x1) is compiled for on a CPU host with
+libtpu (`pip install "jax[tpu]"`, JAX_PLATFORMS=cpu), which describes its
+devices and stops a program larger than a device's HBM; no topology ("")
+means this machine's devices, whose backend may report the memory a program
+may use (a GPU does; the CPU does not).
 """
 
 import functools
@@ -81,6 +85,21 @@ def available_hbm_bytes(topology: str) -> int | None:
       raise
     return parse_available_hbm(str(e))
   return None
+
+
+def devices(topology: str, num_slices: int = 1) -> list:
+  """The devices a fit check compiles for: `num_slices` slices of `topology`, or
+  with no topology ("") this machine's."""
+  return topology_devices(topology, num_slices) if topology else jax.devices()
+
+
+def available_bytes(topology: str) -> int | None:
+  """The memory a program may use on one device: the compiler's figure for a
+  topology (available_hbm_bytes), the backend's `bytes_limit` for this
+  machine's devices; None where neither is known (the CPU reports none)."""
+  if topology:
+    return available_hbm_bytes(topology)
+  return (jax.devices()[0].memory_stats() or {}).get("bytes_limit")
 
 
 def is_out_of_memory(error: Exception) -> bool:

@@ -1,6 +1,6 @@
 """What a demo-scale pretraining step costs under each recipe, one ingredient at a time.
 
-  python -m bertjax.benchmarks.recipe_step_cost --workdir=/tmp/step_cost [--steps=1000]
+  python -m bertjax.studies.recipe_step_cost --workdir=/tmp/step_cost [--steps=1000]
       [--rounds=2] [--variants=paper128,modern,modern_slots20,modern_static,modern_static_slots20]
 
 Runs bertjax.main's pretraining (recipes.paper_config and recipes.modern: the
@@ -30,7 +30,7 @@ import sys
 
 import ml_collections
 
-from bertjax.benchmarks import recipes
+from bertjax.studies import recipes
 from bertjax.create import demo
 from bertjax.train import cli
 
@@ -95,7 +95,7 @@ def main():
       run_dir = os.path.join(root, "runs", name)
       subprocess.run(["rm", "-rf", run_dir], check=True)
       proc = subprocess.run(
-          [sys.executable, "-m", "bertjax.benchmarks.recipe_step_cost", f"--workdir={root}",
+          [sys.executable, "-m", "bertjax.studies.recipe_step_cost", f"--workdir={root}",
            f"--steps={args.steps}", f"--_run={name}"], capture_output=True, text=True,
           check=False)
       if proc.returncode:

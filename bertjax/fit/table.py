@@ -1,16 +1,21 @@
 """The fit-and-FLOPs table: configs x phases x TPU slices, each compiled ahead of time.
 
+The tables of docs/fit-table.md and docs/multislice.md come from here; one
+config's fit check is `python -m bertjax.fit` (bertjax/fit/__main__.py).
+
   pip install "jax[tpu]"
-  JAX_PLATFORMS=cpu python -m bertjax.benchmarks.tpu_fit_table \\
+  JAX_PLATFORMS=cpu python -m bertjax.fit.table \\
       --configs base,large --phases seq128,seq512 \\
       --slices v4-8,v5e-8,v5p-8,v6e-8,v4-32,v5e-32,v5p-32,v6e-32 [--find_max_batch]
 
 For every combination it compiles the train step for the slice on this CPU
-host (bertjax.benchmarks.aot.aot_compile) with the attention kernel `auto` picks
-there, and prints one markdown row as soon as it is done: the HBM needed
+host (bertjax.fit.aot.aot_compile) with the attention kernel --attention_impl
+names (default `auto`, which takes XLA attention on TPU until a kernel is
+proven there: docs/attention.md; the table in docs/fit-table.md was made with
+`--attention_impl splash`), and prints one markdown row as soon as it is done: the HBM needed
 per device (one device per chip; a v4 chip's two TensorCores as one
-megacore device, see tpu_topology.topology_devices) against the HBM the
-compiler lets a program use on that device (tpu_topology.available_hbm_bytes,
+megacore device, see topology.topology_devices) against the HBM the
+compiler lets a program use on that device (topology.available_hbm_bytes,
 below the chip's nominal HBM on v4, v5e and v6e), whether it fits, XLA's
 FLOPs per step against bertjax's analytic count as XLA sees the program
 (scanned layers counted once, Pallas kernels not counted) and, with
@@ -19,14 +24,13 @@ after the first of a config and phase starts from the previous one's memory
 per sequence, or from its answer where that was for the same slice, e.g.
 v5e-256 before 2xv5e-256, or else from --max_batch_guess; this saves
 compiles, not changes answers). Attention dropout is 0 unless
---attention_dropout_rate says otherwise, so that `auto` may pick the splash
-kernel.
+--attention_dropout_rate says otherwise (splash has none).
 
 A slice written NxSLICE (e.g. 2xv5e-256) is N such slices joined by the
 data-center network (DCN), the mesh split across them by config.mesh.dcn_*
 (data parallel across slices by default); these rows go to a second table
 that also gives the bytes each device sends over the DCN per step, read
-from the compiled program (bertjax/benchmarks/dcn_traffic.py), beside the
+from the compiled program (bertjax/fit/dcn_traffic.py), beside the
 analytic gradient all-reduce (dcn_traffic.gradient_allreduce_bytes).
 --per_device_batch sets every phase's global batch to that many sequences
 per data-parallel device (the configs' 256 do not divide over 512 chips).
@@ -42,15 +46,16 @@ import sys
 
 import jax
 
-from bertjax.benchmarks import aot
-from bertjax.benchmarks import max_batch as max_batch_lib
-from bertjax.benchmarks import tpu_topology
+from bertjax.fit import aot
+from bertjax.fit import max_batch as max_batch_lib
+from bertjax.fit import topology as topology_lib
+from bertjax.train import cli
 from bertjax.train import sharding as sharding_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Cloud TPU slice names (as in --accelerator-type) -> topology names for
 # jax.experimental.topologies. A v4/v5p "-N" counts TensorCores (2 per chip),
-# each chip one device (tpu_topology.topology_devices).
+# each chip one device (topology.topology_devices).
 SLICES = {
     "v4-8": "v4:2x2x1", "v4-32": "v4:2x2x4",
     "v5e-8": "v5e:2x4", "v5e-32": "v5e:4x8",
@@ -81,7 +86,8 @@ def parse_slices(text: str) -> list[tuple[int, str]]:
   return out
 
 
-def load_config(name: str, attention_dropout_rate: float, vocab_multiple: int = 0):
+def load_config(name: str, attention_dropout_rate: float, vocab_multiple: int = 0,
+                attention_impl: str = "auto"):
   spec = importlib.util.spec_from_file_location(
       f"{name}_config", os.path.join(REPO, "configs", f"{name}.py"))
   sys.path.insert(0, os.path.join(REPO, "configs"))
@@ -89,6 +95,7 @@ def load_config(name: str, attention_dropout_rate: float, vocab_multiple: int = 
   spec.loader.exec_module(module)
   config = module.get_config()
   config.model.attention_dropout_rate = attention_dropout_rate
+  config.model.attention_impl = attention_impl
   if vocab_multiple:
     config.model.vocab_multiple = vocab_multiple
   return config
@@ -127,7 +134,7 @@ def multislice_row(config_name: str, slice_name: str, r: aot.AotResult,
 
 def set_per_device_batch(config, per_device: int, topology: str, num_slices: int):
   """Every phase's global batch: `per_device` sequences per data-parallel device."""
-  devices = len(tpu_topology.topology_devices(topology, num_slices))
+  devices = len(topology_lib.topology_devices(topology, num_slices))
   dp = math.prod(sharding_lib.mesh_shape(config.mesh, devices, num_slices)[:2])
   for phase in config.phases.values():
     phase.global_batch_size = per_device * dp
@@ -140,6 +147,8 @@ def main():
   parser.add_argument("--phases", default="seq128,seq512")
   parser.add_argument("--slices", default="v4-8,v5e-8,v5p-8,v6e-8,v4-32,v5e-32,v5p-32,v6e-32")
   parser.add_argument("--attention_dropout_rate", type=float, default=0.0)
+  parser.add_argument("--attention_impl", default="auto",
+                      help="model.attention_impl of every compile (auto, xla, splash, flash)")
   parser.add_argument("--find_max_batch", action="store_true")
   parser.add_argument("--per_device_batch", type=int, default=0,
                       help="Sequences per data-parallel device in every phase's global batch; "
@@ -153,12 +162,14 @@ def main():
                       "first (with its neighbour), where no earlier search of the same config, "
                       "phase and slice gave one; 0 predicts it from the row's compile.")
   args = parser.parse_args()
+  cli.quiet_library_logs()
   try:
     specs = parse_slices(args.slices)
   except ValueError as e:
     parser.error(str(e))
   print(f"jax {jax.__version__}, libtpu {importlib.metadata.version('libtpu')}, "
-        f"attention_dropout_rate {args.attention_dropout_rate}, per_device_batch "
+        f"attention_impl {args.attention_impl}, attention_dropout_rate "
+        f"{args.attention_dropout_rate}, per_device_batch "
         f"{args.per_device_batch or 'from the configs'}, vocab_multiple "
         f"{args.vocab_multiple or 'from the configs'}")
   answers = {}  # (config, phase, slice) -> max per-device batch found on any number of them.
@@ -174,14 +185,15 @@ def main():
         for num_slices, slice_name in group:
           topology = SLICES[slice_name]
           def make(c=config_name, t=topology, n=num_slices):
-            config = load_config(c, args.attention_dropout_rate, args.vocab_multiple)
+            config = load_config(c, args.attention_dropout_rate, args.vocab_multiple,
+                                 args.attention_impl)
             if args.per_device_batch:
               set_per_device_batch(config, args.per_device_batch, t, n)
             return config
           try:
             result = aot.aot_compile(make(), topology, phase, num_slices=num_slices)
           except jax.errors.JaxRuntimeError as e:
-            if not tpu_topology.is_out_of_memory(e):
+            if not topology_lib.is_out_of_memory(e):
               raise
             name = f"{num_slices} x {slice_name}" if num_slices > 1 else slice_name
             print(f"| {config_name} | {phase} | {name} | | | | more than the device "

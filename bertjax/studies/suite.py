@@ -1,7 +1,7 @@
 """The demo's downstream suite: three tasks from the demo corpus, fine-tuned from
 any demo-scale checkpoint with one command.
 
-  python -m bertjax.benchmarks.suite --data_dir=WORKDIR/demo_data \\
+  python -m bertjax.studies.suite --data_dir=WORKDIR/demo_data \\
       --checkpoint=WORKDIR/checkpoints/1800 [--checkpoint=...] [--random_init] \\
       [--seeds=0] --workdir=/tmp/suite
 
@@ -30,7 +30,7 @@ import sys
 from typing import Optional
 
 from bertjax import downstream
-from bertjax.benchmarks import recipes
+from bertjax.studies import recipes
 from bertjax.create import demo_tasks
 from bertjax.tasks import loop as task_loop
 from bertjax.tasks import registry
@@ -146,7 +146,7 @@ def main():
     rows[name] = [score(path, os.path.abspath(args.data_dir),
                         os.path.join(root, f"run{i}_seed{seed}"), seed=seed)
                   for seed in seeds]
-  command = "python -m bertjax.benchmarks.suite " + " ".join(sys.argv[1:])
+  command = "python -m bertjax.studies.suite " + " ".join(sys.argv[1:])
   text = table(rows, command)
   print(text)
   with open(os.path.join(root, "suite.md"), "w", encoding="utf-8") as f:

@@ -1,13 +1,16 @@
-"""The fit check of ahead-of-time TPU compiles: available HBM and one device per chip.
+"""The fit check (bertjax/fit): available HBM, one device per chip, DCN bytes, and the
+command's lines and exit status.
 
-The parsing and the decision run everywhere, with fakes for libtpu; the last
-test compiles for real TPU topologies in a child process with JAX_PLATFORMS=cpu
-and is skipped where libtpu is not installed (`pip install "jax[tpu]"`).
+The parsing and the decision run everywhere, with fakes for libtpu, and the
+command runs on this machine's CPU devices; the tests marked `tpu` compile for
+real TPU topologies in a child process with JAX_PLATFORMS=cpu and are skipped
+where libtpu is not installed (`pip install "jax[tpu]"`).
 """
 
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -15,8 +18,9 @@ import jax
 import pytest
 
 import jax_child
-from bertjax.benchmarks import aot
-from bertjax.benchmarks import tpu_topology
+from bertjax.fit import aot
+from bertjax.fit import check
+from bertjax.fit import topology
 
 GIB = 2**30
 
@@ -32,7 +36,7 @@ GIB = 2**30
     ("INTERNAL: something else", None),
 ])
 def test_available_hbm_is_read_from_libtpus_out_of_memory_message(message, expected):
-  assert tpu_topology.parse_available_hbm(message) == (None if expected is None else int(expected))
+  assert topology.parse_available_hbm(message) == (None if expected is None else int(expected))
 
 
 class _FakeCompile:
@@ -53,19 +57,19 @@ class _FakeCompile:
 
 
 def test_available_hbm_comes_from_an_oversized_compile(monkeypatch):
-  monkeypatch.setattr(tpu_topology, "topology_devices", lambda topology: jax.devices("cpu"))
-  monkeypatch.setattr(tpu_topology.jax, "jit", _FakeCompile(jax.errors.JaxRuntimeError(
+  monkeypatch.setattr(topology, "topology_devices", lambda name: jax.devices("cpu"))
+  monkeypatch.setattr(topology.jax, "jit", _FakeCompile(jax.errors.JaxRuntimeError(
       "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
       "temporaries (1.00T) exceeds available HBM (15.75G).")))
-  assert tpu_topology.available_hbm_bytes.__wrapped__("v5e:2x4") == int(15.75 * GIB)
+  assert topology.available_hbm_bytes.__wrapped__("v5e:2x4") == int(15.75 * GIB)
   # A compiler that does not stop the program names no figure.
-  monkeypatch.setattr(tpu_topology.jax, "jit", _FakeCompile(None))
-  assert tpu_topology.available_hbm_bytes.__wrapped__("v5e:2x4") is None
+  monkeypatch.setattr(topology.jax, "jit", _FakeCompile(None))
+  assert topology.available_hbm_bytes.__wrapped__("v5e:2x4") is None
   # Any other failure is a bug to see, not an unknown figure.
-  monkeypatch.setattr(tpu_topology.jax, "jit", _FakeCompile(
+  monkeypatch.setattr(topology.jax, "jit", _FakeCompile(
       jax.errors.JaxRuntimeError("INTERNAL: broken")))
   with pytest.raises(jax.errors.JaxRuntimeError, match="INTERNAL"):
-    tpu_topology.available_hbm_bytes.__wrapped__("v5e:2x4")
+    topology.available_hbm_bytes.__wrapped__("v5e:2x4")
 
 
 def test_fits_means_within_the_available_hbm_not_the_nominal():
@@ -92,8 +96,8 @@ def test_v4_topologies_are_asked_for_one_megacore_device_per_chip(monkeypatch):
     return topologies.TopologyDescription([])
 
   monkeypatch.setattr(topologies, "get_topology_desc", fake_desc)
-  tpu_topology.topology_devices("v4:2x2x1")
-  tpu_topology.topology_devices("v5e:2x4")
+  topology.topology_devices("v4:2x2x1")
+  topology.topology_devices("v5e:2x4")
   assert asked == [dict(platform="tpu", topology_name="v4:2x2x1", chip_config_name="megacore"),
                    dict(platform="tpu", topology_name="v5e:2x4")]
 
@@ -126,7 +130,7 @@ ENTRY %main.1 (a: f32[1024]) -> f32[1024] {
 
 
 def test_dcn_bytes_are_the_megascale_sends_times_their_loop_trips():
-  from bertjax.benchmarks import dcn_traffic  # pylint: disable=g-import-not-at-top
+  from bertjax.fit import dcn_traffic  # pylint: disable=g-import-not-at-top
   traffic = dcn_traffic.dcn_traffic(_MEGASCALE_HLO)
   # f32[2,8,128] once, bf16[4,8,128] in a body that runs 11 times; the
   # all-reduce inside the slice and the other handler's send are not DCN.
@@ -140,6 +144,86 @@ def test_dcn_bytes_are_the_megascale_sends_times_their_loop_trips():
   assert dcn_traffic.gradient_allreduce_bytes(110_000_000, 256) == 110_000_000 * 4 // 256
 
 
+def test_a_verdict_is_one_line_that_says_what_to_change():
+  ways = "split each step's batch with --config.optimizer.grad_accum_steps=2 (or more)"
+  fits = check.Verdict("seq128", 3 * GIB, 4 * GIB, "arguments 1.00 GiB", ways)
+  assert fits.fits and fits.line() == (
+      "seq128: fits: 3.00 GiB per device (arguments 1.00 GiB) of 4.00 GiB available")
+  too_big = check.Verdict("seq512", 5 * GIB, 4 * GIB, "arguments 1.00 GiB", ways)
+  assert too_big.fits is False and too_big.line() == (
+      "seq512: does not fit: 5.00 GiB per device (arguments 1.00 GiB) of 4.00 GiB "
+      f"available; to fit, {ways}")
+  unknown = check.Verdict("seq128", 3 * GIB, None, "arguments 1.00 GiB", ways)
+  assert unknown.fits is None and "--available_gib" in unknown.line()
+  stopped = check.Verdict("squad step", 30 * GIB, int(15.75 * GIB), "temporaries alone "
+                          "30.00 GiB", ways, "RESOURCE_EXHAUSTED: Ran out of memory")
+  assert stopped.fits is False and stopped.line().startswith(
+      "squad step: does not fit: the compiler ran out of HBM (temporaries alone 30.00 GiB), "
+      "15.75 GiB available (RESOURCE_EXHAUSTED")
+  for verdict in (fits, too_big, unknown, stopped):
+    assert "\n" not in verdict.line()
+
+
+def _fit_command(tmp_path_factory, *flags):
+  """`python -m bertjax.fit` on this machine's CPU (cheap compiles, a shared cache)."""
+  env = dict(os.environ, **jax_child.child_env(1, jax_child.cache_dir(tmp_path_factory)))
+  return subprocess.run([sys.executable, "-m", "bertjax.fit", *flags], cwd=jax_child.REPO,
+                        env=env, capture_output=True, text=True, timeout=600, check=False)
+
+
+# The demo's model with a small vocab: a compile of a few seconds.
+_TINY = ["--config=configs/tiny.py", "--vocab_size=512"]
+
+
+@pytest.mark.slow
+def test_the_command_says_in_one_line_that_a_phase_does_not_fit(tmp_path_factory):
+  done = _fit_command(tmp_path_factory, *_TINY, "--phase=seq128", "--available_gib=0.001")
+  assert done.returncode == 1, done.stderr[-3000:]
+  assert "Traceback" not in done.stderr, done.stderr[-3000:]
+  lines = [l for l in done.stdout.splitlines() if l.startswith("seq128:")]
+  assert len(lines) == 1, done.stdout
+  assert lines[0].startswith("seq128: does not fit: ") and "of 0.00 GiB available" in lines[0]
+  for field in ("--config.optimizer.grad_accum_steps=2", "--config.model.remat_policy",
+                "--config.phases.seq128.global_batch_size"):
+    assert field in lines[0]
+  assert "topology        this machine (1 chips, 1 devices, cpu)" in done.stdout
+  assert not any(l.startswith("seq512") for l in done.stdout.splitlines())
+
+
+@pytest.mark.slow
+def test_the_command_checks_every_phase_searches_the_largest_batch_and_fine_tuning(
+    tmp_path_factory):
+  done = _fit_command(tmp_path_factory, *_TINY, "--available_gib=100")
+  assert done.returncode == 0, done.stderr[-3000:]
+  verdicts = [l for l in done.stdout.splitlines() if l.startswith("seq")]
+  assert [l.split(":")[:2] for l in verdicts] == [["seq128", " fits"], ["seq512", " fits"]]
+  # Where the CPU reports no limit, the line says so and the check does not fail.
+  unknown = _fit_command(tmp_path_factory, *_TINY, "--phase=seq512")
+  assert unknown.returncode == 0, unknown.stderr[-3000:]
+  assert "seq512: " in unknown.stdout and "--available_gib" in unknown.stdout
+  # The largest per-device batch under twice the memory of batch 8: a multiple of 8
+  # that fits, beside a compile 8 larger that does not.
+  limit = 2 * float(verdicts[0].split(": fits: ")[1].split(" GiB")[0])
+  search = _fit_command(tmp_path_factory, *_TINY, "--phase=seq128", "--find_max_batch",
+                        f"--available_gib={limit}")
+  assert search.returncode == 0, search.stderr[-3000:]
+  found = re.search(r"^seq128: largest per-device batch that fits: (\d+) \(global batch "
+                    r"\1, ([0-9.]+) GiB per device", search.stdout, re.MULTILINE)
+  assert found, search.stdout
+  best = int(found[1])
+  assert best % 8 == 0 and best >= 8 and float(found[2]) <= limit
+  assert f"per-device batch {best + 8}: " in search.stdout
+  finetuning = _fit_command(
+      tmp_path_factory, "--config=configs/finetune/glue.py", "--config.task=MRPC",
+      "--config.model.num_layers=2", "--config.model.hidden_size=64",
+      "--config.model.num_heads=2", "--config.model.intermediate_size=128",
+      "--vocab_size=512", "--grad_accum_steps=1,2", "--available_gib=100")
+  assert finetuning.returncode == 0, finetuning.stderr[-3000:]
+  lines = [l for l in finetuning.stdout.splitlines() if l.startswith("MRPC step")]
+  assert [l.split(": ")[1] for l in lines] == ["fits", "fits"], finetuning.stdout
+  assert "grad_accum_steps=1: " in lines[0] and "grad_accum_steps=2: " in lines[1]
+
+
 def _child(payload):
   """Topology devices and available HBM as libtpu gives them, (with "finetune") the
   memory of a small SQuAD fine-tuning step at each grad_accum_steps, or a two-slice
@@ -150,9 +234,9 @@ def _child(payload):
     return _two_slice_compile()
   if "packed" in payload:
     return _packed_compile()
-  return {name: {"devices": len(tpu_topology.topology_devices(name)),
-                 "chips": aot._count_chips(tpu_topology.topology_devices(name)),  # pylint: disable=protected-access
-                 "available_gib": tpu_topology.available_hbm_bytes(name) / GIB}
+  return {name: {"devices": len(topology.topology_devices(name)),
+                 "chips": aot._count_chips(topology.topology_devices(name)),  # pylint: disable=protected-access
+                 "available_gib": topology.available_hbm_bytes(name) / GIB}
           for name in payload["topologies"]}
 
 
@@ -185,7 +269,7 @@ def test_libtpu_reports_available_hbm_per_chip():
 
 def _finetune_child(accums):
   import ml_collections  # pylint: disable=g-import-not-at-top
-  from bertjax.benchmarks import finetune_fit  # pylint: disable=g-import-not-at-top
+  from bertjax.fit import finetune  # pylint: disable=g-import-not-at-top
   sys.path.insert(0, os.path.join(jax_child.REPO, "configs", "finetune"))
   import squad  # pylint: disable=g-import-not-at-top
   out = {}
@@ -195,7 +279,7 @@ def _finetune_child(accums):
     # Length 384 and a small vocab: activations outweigh the weight-sized buffers
     # (parameters, Adam moments, the summed gradient), as in BERT-LARGE.
     config.model.update(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=256)
-    r = finetune_fit.compile_step(config, "v5e:1x1", accum, vocab_size=1024)
+    r = finetune.compile_step(config, "v5e:1x1", accum, vocab_size=1024)
     out[accum] = {"batch": r.global_batch_size, "temp": r.temp_bytes, "fits": r.fits,
                   "arguments": r.argument_bytes}
   return out
@@ -226,7 +310,7 @@ def _two_slice_compile():
                         intermediate_size=128, attention_dropout_rate=0.0)
     for phase in config.phases.values():
       phase.global_batch_size = 32
-    devices = tpu_topology.topology_devices("v5e:2x2", 2)
+    devices = topology.topology_devices("v5e:2x2", 2)
     mesh = sharding_lib.make_mesh(config.mesh, devices)
     two = aot.aot_compile(config, "v5e:2x2", "seq128", num_slices=2)
     out[name] = dict(
@@ -264,7 +348,8 @@ def _packed_compile():
   for packed in (False, True):
     config = base.get_config()
     config.model.update(vocab_size=512, hidden_size=64, num_layers=3, num_heads=4,
-                        intermediate_size=128, attention_dropout_rate=0.0)
+                        intermediate_size=128, attention_dropout_rate=0.0,
+                        attention_impl="splash")
     config.phases.seq128.global_batch_size = 256
     config.data.update(packing=packed, packing_factor=2.0)
     r = aot.aot_compile(config, "v5e:2x2", "seq128")
@@ -278,7 +363,7 @@ def _packed_compile():
 
 @pytest.mark.tpu
 def test_the_packed_train_step_compiles_for_a_v5e_slice_with_its_packed_rows():
-  """With data.packing the benchmark compiles the packed step (splash with the
+  """With data.packing the fit check compiles the packed step (splash with the
   packed example ids): 256 examples at factor 2 are 128 rows, which need less
   memory than 256, and XLA's FLOPs match the packed analytic count as closely
   as the unpacked ones match theirs."""

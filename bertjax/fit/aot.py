@@ -1,99 +1,45 @@
-"""Ahead-of-time compiles of the train step for TPU slices, on any machine.
+"""Ahead-of-time compiles of the pretraining train step, for TPU slices on any machine
+or for this machine's devices.
 
-`aot_compile` builds a run config's model, optimizer and mesh on a TPU
-topology's devices (bertjax/benchmarks/tpu_topology.py: libtpu's
-description, no TPU needed; JAX_PLATFORMS=cpu), compiles the train step for
+`aot_compile` builds a run config's model, optimizer and mesh
+(bertjax/train/step_setup.py, as the step benchmark does) on a TPU
+topology's devices (bertjax/fit/topology.py: libtpu's description, no TPU
+needed; JAX_PLATFORMS=cpu) or on this machine's, compiles the train step for
 the phase's global batch (the packed rows where data.packing is on) and
-returns what the compiled program tells: per-device memory against the HBM
-available, XLA's FLOPs beside the analytic count, its loops and, on several
-slices, the bytes each device sends over the data-center network.
-`build` is the setup it shares with the timed benchmark (bertjax/benchmarks/step_bench.py).
+returns what the compiled program tells: per-device memory against the
+memory available, XLA's FLOPs beside the analytic count, its loops and, on
+several slices, the bytes each device sends over the data-center network.
 """
 
 import dataclasses
 import time
 
-from absl import app
 import jax
 
-from bertjax.benchmarks import dcn_traffic
-from bertjax.benchmarks import tpu_topology
+from bertjax.fit import dcn_traffic
+from bertjax.fit import estimate as estimate_lib
+from bertjax.fit import topology as topology_lib
 from bertjax.input import packing as packing_lib
 from bertjax.model import attention
-from bertjax.model.bert import BertForPreTraining
 from bertjax.train import flops
-from bertjax.train import optimizer as opt_lib
 from bertjax.train import profiling
 from bertjax.train import run_config
 from bertjax.train import sharding as sharding_lib
 from bertjax.train import state as state_lib
 from bertjax.train import step as step_lib
-
-
-def build(config, devices, *, phase_name: str = "", vocab_size: int = 30522,
-          device_mesh: bool = False, compile_only: bool = False):
-  """(model config, phase, mesh, rules, model, optimizer) for a run config on `devices`.
-
-  The benchmark reads no files: the data source becomes synthetic.
-  `compile_only`: the step is compiled, never run, so the config may pack
-  (run_config.validate). With `device_mesh` the devices are laid out in the
-  given order within each slice (topology devices have no physical layout
-  to optimise for).
-  """
-  config.data.source = "synthetic"
-  config.data.demo_dir = ""
-  vocab = config.model.vocab_size or vocab_size
-  slices, _ = sharding_lib.device_slices(devices, config.mesh)
-  model_config = run_config.validate(config, num_devices=len(devices), vocab_size=vocab,
-                                     num_slices=len(slices), compile_only=compile_only)
-  plan = run_config.phases(config)
-  phase = next((p for p in plan if p.name == phase_name), None) if phase_name else plan[0]
-  if phase is None:
-    raise app.UsageError(f"--phase={phase_name}: not one of {[p.name for p in plan]}")
-  mesh = jax.sharding.Mesh(
-      sharding_lib.listed_device_array(
-          slices, *sharding_lib.hybrid_mesh_shape(config.mesh, len(devices), len(slices))),
-      sharding_lib.MESH_AXES) if device_mesh else sharding_lib.make_mesh(config.mesh, devices)
-  rules = sharding_lib.rules(config.mesh)
-  schedule = opt_lib.learning_rate_schedule(
-      config.optimizer, config.total_steps, [p.start for p in plan] + [plan[-1].end],
-      [p.warmup_steps for p in plan])
-  tx = opt_lib.make_optimizer(config.optimizer, schedule)
-  return model_config, phase, mesh, rules, BertForPreTraining(model_config), tx
-
-
-def gib(n):
-  return f"{n / 2**30:.2f} GiB"
+from bertjax.train import step_setup
+from bertjax.train.step_setup import gib
 
 
 def mib(n):
   return f"{n / 2**20:.1f} MiB"
 
 
-def device_memory_problem(mem, bytes_limit: int | None, device_kind: str,
-                          phase: str, platform: str = "") -> str | None:
-  """Why a compiled step cannot run on its device, from XLA's memory analysis
-  (`compiled.memory_analysis()`) and the device's `bytes_limit` (its
-  `memory_stats()`; None where the backend gives none); None if it fits."""
-  needed = (mem.argument_size_in_bytes + mem.temp_size_in_bytes
-            + mem.output_size_in_bytes - mem.alias_size_in_bytes)
-  if not bytes_limit or needed <= bytes_limit:
-    return None
-  return (f"the {phase} train step needs {gib(needed)} per device (arguments "
-          f"{gib(mem.argument_size_in_bytes)}, temporaries {gib(mem.temp_size_in_bytes)}) and "
-          f"one {device_kind} lets it use {gib(bytes_limit)}: split each step's batch with "
-          "--config.optimizer.grad_accum_steps=2 (or more), rematerialise more with "
-          "--config.model.remat_policy, lower --config.phases."
-          f"{phase}.global_batch_size, or run on more devices"
-          + ("; JAX takes XLA_PYTHON_CLIENT_MEM_FRACTION of a GPU's memory (0.75 unless "
-             "set)" if platform == "gpu" else ""))
-
-
 @dataclasses.dataclass
 class AotResult:
-  """What an ahead-of-time compile for a TPU slice tells (bytes and FLOPs per device)."""
-  topology: str
-  devices: int  # JAX devices: one per chip (see tpu_topology.topology_devices).
+  """What an ahead-of-time compile tells (bytes and FLOPs per device)."""
+  topology: str  # The TPU topology compiled for; "": this machine's devices.
+  devices: int  # JAX devices: one per chip (see topology.topology_devices).
   chips: int
   device_kind: str
   mesh: dict
@@ -109,12 +55,16 @@ class AotResult:
   analytic_flops: float  # bertjax's model FLOPs for one step of the global batch.
   xla_view_flops: float  # The analytic count as XLA counts it (see flops_as_xla_counts).
   while_loops: int = 0  # `while` instructions in the optimized program (bodies counted once).
-  # HBM the compiler lets a program use on one device (tpu_topology); None: unknown.
+  # Memory a program may use on one device: the HBM the compiler allows on a
+  # topology, the backend's limit on this machine (topology.available_bytes),
+  # or the figure asked for; None: unknown.
   hbm_bytes: int | None = None
   num_slices: int = 1  # Slices of `topology` (devices, chips and mesh count all of them).
   dcn: dcn_traffic.DcnTraffic | None = None  # What one device sends over the DCN per step.
   gradient_allreduce_bytes: int = 0  # Analytic DCN bytes per device (dcn_traffic.gradient_allreduce_bytes).
   packing: packing_lib.Packing | None = None  # The packed rows of the global batch; None: unpacked.
+  # The TPU compiler's estimate of the step (estimate.py); None unless asked for.
+  estimate: estimate_lib.Estimate | None = None
 
   @property
   def rows(self) -> int:
@@ -159,37 +109,51 @@ def flops_as_xla_counts(model_config, seq_len, num_predictions, batch, attention
 
 def aot_compile(config, topology: str, phase_name: str = "",
                 global_batch_size: int | None = None, vocab_size: int = 30522,
-                num_slices: int = 1) -> AotResult:
-  """Compiles the train step ahead of time for `num_slices` slices of a TPU topology (e.g. v5e:2x4).
+                num_slices: int = 1, available_bytes: int | None = None,
+                mosaic_dump: str | None = None) -> AotResult:
+  """Compiles the train step ahead of time for `num_slices` slices of a TPU topology
+  (e.g. v5e:2x4), or with no topology ("") for this machine's devices.
 
   `global_batch_size` (examples; default the phase's) is packed into
   global_batch_size / data.packing_factor rows where data.packing is on.
+  `available_bytes`, where given, takes the place of the memory a device
+  reports (topology.available_bytes). With `mosaic_dump` (the directory of
+  estimate.mosaic_dump_dir(), set before libtpu started) and a TPU topology,
+  the result carries the compiler's estimate of the step's time.
   """
-  devices = tpu_topology.topology_devices(topology, num_slices)
+  devices = topology_lib.devices(topology, num_slices)
   if global_batch_size:
     config.phases[phase_name or next(iter(config.phases))].global_batch_size = global_batch_size
-  model_config, phase, mesh, rules, model, tx = build(
-      config, devices, phase_name=phase_name, vocab_size=vocab_size, device_mesh=True,
-      compile_only=True)
+  model_config, phase, mesh, rules, model, tx = step_setup.build(
+      config, devices, phase_name=phase_name, vocab_size=vocab_size,
+      device_mesh=bool(topology), compile_only=True)
   accum = config.optimizer.grad_accum_steps
   kernel, _ = attention.choose(
       model_config.attention_impl, attention_dropout_rate=model_config.attention_dropout_rate,
-      dtype=model_config.dtype, platform="tpu", seq_len=phase.max_seq_length,
-      deterministic=False)
+      dtype=model_config.dtype, platform="tpu" if topology else devices[0].platform,
+      seq_len=phase.max_seq_length, deterministic=False)
   with sharding_lib.mesh_context(mesh, rules):
     abstract_state, shardings = state_lib.abstract_train_state(model, tx, mesh, rules)
-    batch = batch_specs(config, phase, sharding_lib.batch_sharding(mesh))
+    batch = step_setup.batch_specs(config, phase, sharding_lib.batch_sharding(mesh))
     rng = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype,
                                sharding=sharding_lib.replicated(mesh))
     t0 = time.perf_counter()
     step_fn = step_lib.jit_train_step(shardings, mesh, objective=config.objective,
                                       grad_accum_steps=accum)
+    dumped = estimate_lib.dump_files(mosaic_dump)
     compiled = step_fn.lower(abstract_state, batch, rng).compile()
     seconds = time.perf_counter() - t0
   mem = compiled.memory_analysis()
   rows, predictions, examples = run_config.row_slots(config, phase)
   length = phase.max_seq_length
   dcn = dcn_traffic.dcn_traffic(compiled.as_text()) if num_slices > 1 else None
+  analytic = flops.train_flops_per_sequence(model_config, length, predictions, examples) * rows
+  estimate = None
+  if mosaic_dump is not None and topology:
+    estimate = estimate_lib.estimate(
+        compiled.as_text(), devices[0], estimate_lib.dump_files(mosaic_dump) - dumped,
+        step_flops=analytic, num_devices=len(devices),
+        peak_tflops_per_device=flops.peak_tflops(devices[0].device_kind))
   return AotResult(
       topology=topology, devices=len(devices), chips=_count_chips(devices),
       device_kind=devices[0].device_kind,
@@ -199,21 +163,15 @@ def aot_compile(config, topology: str, phase_name: str = "",
       unaliased_output_bytes=mem.output_size_in_bytes - mem.alias_size_in_bytes,
       compiled_flops=profiling.compiled_flops(compiled),
       while_loops=profiling.count_loops(compiled) or 0,
-      analytic_flops=flops.train_flops_per_sequence(model_config, length, predictions,
-                                                    examples) * rows,
+      analytic_flops=analytic,
       xla_view_flops=flops_as_xla_counts(model_config, length, predictions, rows, kernel,
                                          accum, examples),
-      hbm_bytes=tpu_topology.available_hbm_bytes(topology), num_slices=num_slices,
+      hbm_bytes=available_bytes or topology_lib.available_bytes(topology),
+      num_slices=num_slices,
       dcn=dcn, gradient_allreduce_bytes=dcn_traffic.gradient_allreduce_bytes(
           sum(x.size for x in jax.tree.leaves(abstract_state.params)),
-          len(devices) // num_slices), packing=run_config.packed_layout(config, phase))
-
-
-def batch_specs(config, phase: run_config.Phase, sharding) -> dict[str, jax.ShapeDtypeStruct]:
-  """The global batch of `phase` as the input pipeline yields it, as abstract
-  arrays: packed rows and fields where data.packing is on."""
-  return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
-          for k, (shape, dtype) in run_config.batch_shapes(config, phase).items()}
+          len(devices) // num_slices), packing=run_config.packed_layout(config, phase),
+      estimate=estimate)
 
 
 def _count_chips(devices) -> int:
@@ -224,8 +182,8 @@ def _count_chips(devices) -> int:
 
 def print_aot(r: AotResult):
   slices = f"{r.num_slices} slices of " if r.num_slices > 1 else ""
-  print(f"topology        {slices}{r.topology} ({r.chips} chips, {r.devices} devices, "
-        f"{r.device_kind})")
+  print(f"topology        {slices}{r.topology or 'this machine'} ({r.chips} chips, "
+        f"{r.devices} devices, {r.device_kind})")
   print(f"mesh            {r.mesh}")
   packed = ("" if r.packing is None else
             f", packed into {r.rows} rows of up to {r.packing.max_examples_per_row} examples "
@@ -236,11 +194,12 @@ def print_aot(r: AotResult):
   print(f"per device      arguments {gib(r.argument_bytes)}, temporaries "
         f"{gib(r.temp_bytes)}, outputs not aliased {gib(r.unaliased_output_bytes)}")
   nominal = f"{gib(r.nominal_hbm_bytes)} nominal" if r.nominal_hbm_bytes else "nominal unknown"
+  memory = "HBM" if r.topology else "memory"
   if r.hbm_bytes:
-    hbm = (f" of {gib(r.hbm_bytes)} available HBM ({nominal}): "
+    hbm = (f" of {gib(r.hbm_bytes)} available {memory} ({nominal}): "
            f"{'fits' if r.fits else 'does not fit'}")
   else:
-    hbm = f" (available HBM unknown; {nominal})"
+    hbm = f" (available {memory} unknown; {nominal})"
   print(f"per device      {gib(r.total_bytes)} in all{hbm}")
   if r.compiled_flops:
     print(f"FLOPs per step  XLA {r.compiled_flops * r.devices:.4g} (all devices), analytic "
@@ -255,3 +214,6 @@ def print_aot(r: AotResult):
   print(f"XLA loops       {r.while_loops} while loops in the optimized program (XLA counts "
         "each body once; scanned layers make a forward and a backward loop, and on TPU "
         "FSDP's all-gathered matmuls may become windowed-einsum loops)")
+  if r.estimate is not None:
+    for line in estimate_lib.describe(r.estimate):
+      print(f"estimate        {line.strip()}")

@@ -1,7 +1,7 @@
 """Time to quality: the paper's pretraining recipe against the modern one, at demo
 scale, over several seeds, with a projection to BERT-BASE on one H100.
 
-  python -m bertjax.benchmarks.time_to_quality --workdir=/tmp/ttq [--total_steps=2400]
+  python -m bertjax.studies.time_to_quality --workdir=/tmp/ttq [--total_steps=2400]
       [--checkpoints=8] [--seeds=0,1,2] [--eval_batches=40] [--modern_lr_scale=3]
       [--modern_warmup_pct=0] [--modern_mask_rate=0] [--base_step_ms=...]
 
@@ -18,7 +18,7 @@ first from one seed to the next.
 
 Every checkpoint is scored on the same held-out records (recipes.eval_pattern,
 15% masking). The paper run's final checkpoint is fine-tuned on the whole
-downstream suite (benchmarks/suite.py); its held-out MLM accuracy and its
+downstream suite (studies/suite.py); its held-out MLM accuracy and its
 non-NSP mean (the suite's tasks that do not ask NSP's question) are the
 targets of the modern run of the same seed, whose checkpoints are fine-tuned
 on the non-NSP tasks in order until one reaches the target (and its final
@@ -38,8 +38,8 @@ import os
 import statistics
 from typing import Optional
 
-from bertjax.benchmarks import recipes
-from bertjax.benchmarks import suite
+from bertjax.studies import recipes
+from bertjax.studies import suite
 from bertjax.convert import export
 from bertjax.train import cli
 from bertjax.train import profiling
@@ -172,7 +172,7 @@ def main():
                       "(0: all).")
   parser.add_argument("--modern_lr_scale", type=float, default=3.0,
                       help="The modern recipe's peak learning rate as a multiple of "
-                      "tiny.py's: 3 was benchmarks/recipe_grid's choice (docs/recipes.md); "
+                      "tiny.py's: 3 was studies/recipe_grid's choice (docs/recipes.md); "
                       "0: recipes.scaled_to_demo's 1.25.")
   parser.add_argument("--modern_warmup_pct", type=float, default=0.0,
                       help="The modern recipe's warmup in percent of the steps (0: 6).")
@@ -212,7 +212,7 @@ def main():
     pair = [_run_name(r, seed) for r in RECIPES]
     order += pair if i % 2 == 0 else pair[::-1]
   curves = recipes.pretrain_in_processes(
-      "bertjax.benchmarks.time_to_quality", order, root,
+      "bertjax.studies.time_to_quality", order, root,
       [f"--workdir={root}", f"--total_steps={args.total_steps}",
        f"--checkpoints={args.checkpoints}", f"--modern_lr_scale={args.modern_lr_scale}",
        f"--modern_warmup_pct={args.modern_warmup_pct}",
@@ -269,7 +269,7 @@ def main():
                                        _first(means, paper_final["non_nsp_mean"]), step_ms)},
         },
     }
-  command = ("python -m bertjax.benchmarks.time_to_quality "
+  command = ("python -m bertjax.studies.time_to_quality "
              f"--workdir={args.workdir} --total_steps={args.total_steps} "
              f"--checkpoints={args.checkpoints} --seeds={args.seeds} "
              f"--eval_batches={args.eval_batches}"

@@ -1,7 +1,7 @@
 """A small grid over the demo-scale modern recipe's learning rate, warmup and
 masking rate, each point scored by the downstream suite.
 
-  python -m bertjax.benchmarks.recipe_grid --workdir=/tmp/grid [--total_steps=2400]
+  python -m bertjax.studies.recipe_grid --workdir=/tmp/grid [--total_steps=2400]
       [--lr_scales=1.25,2,3] [--warmup_pcts=6,2] [--mask_rates=0.3,0.15]
       [--seed=0] [--eval_batches=40]
 
@@ -9,7 +9,7 @@ Coordinate search from the first value of each list (configs/modern.py's
 recipe at demo scale: 1.25x tiny.py's rate, 6% warmup, 30% masking): every
 learning rate at the first warmup and masking rate; then every warmup at the
 best rate; then every masking rate at the best rate and warmup. "Best" is the
-highest non-NSP mean of the suite (benchmarks/suite.py: doc_area accuracy and
+highest non-NSP mean of the suite (studies/suite.py: doc_area accuracy and
 word_area F1), fine-tuned from the run's final checkpoint; the held-out MLM
 accuracy and the run's wall time are reported beside it. Each
 run is its own process, alone on the machine (time_to_quality's runs), all on
@@ -23,9 +23,9 @@ import argparse
 import json
 import os
 
-from bertjax.benchmarks import recipes
-from bertjax.benchmarks import suite
-from bertjax.benchmarks import time_to_quality as ttq
+from bertjax.studies import recipes
+from bertjax.studies import suite
+from bertjax.studies import time_to_quality as ttq
 from bertjax.train import cli
 from bertjax.train import profiling
 
@@ -100,7 +100,7 @@ def main():
       os.symlink(data_dir, os.path.join(point, "demo_data"))  # One build of the data.
     run_name = ttq._run_name("modern", args.seed)  # pylint: disable=protected-access
     curve = recipes.pretrain_in_processes(
-        "bertjax.benchmarks.time_to_quality", [run_name], point,
+        "bertjax.studies.time_to_quality", [run_name], point,
         [f"--workdir={point}", f"--total_steps={args.total_steps}", "--checkpoints=1",
          f"--modern_lr_scale={lr}", f"--modern_warmup_pct={warmup}",
          f"--modern_mask_rate={mask}"], side_by_side=False)[run_name]
@@ -117,7 +117,7 @@ def main():
 
   lr, warmup, mask = coordinate_search(lambda p: run(*p)["non_nsp_mean"], lrs, warmups, masks)
   chosen = point_name(lr, warmup, mask)
-  command = ("python -m bertjax.benchmarks.recipe_grid "
+  command = ("python -m bertjax.studies.recipe_grid "
              f"--workdir={args.workdir} --total_steps={args.total_steps} "
              f"--lr_scales={args.lr_scales} --warmup_pcts={args.warmup_pcts} "
              f"--mask_rates={args.mask_rates} --seed={args.seed} "
