@@ -31,7 +31,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.num_heads = 12  # A; hidden_size must be divisible by it.
   config.model.intermediate_size = 3072  # Feed-forward width, 4H.
   config.model.hidden_dropout_rate = 0.1  # Dropout on embeddings and sublayer outputs.
-  config.model.attention_dropout_rate = 0.1  # Dropout on attention probabilities, as in the paper: auto trains with the flash kernel, which drops them inside (TPU and GPU); 0 lets it pick splash (TPU) or cuDNN (GPU) in training too.
+  config.model.attention_dropout_rate = 0.1  # Dropout on attention probabilities, as in the paper; only XLA attention and the flash kernel (by name) drop them.
   config.model.max_position_embeddings = 512  # Learned positions, sized for the last phase from the start.
   config.model.type_vocab_size = 2  # Segments A and B.
   config.model.initializer_range = 0.02  # Stddev of the truncated-normal init.
@@ -40,7 +40,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.param_dtype = "float32"  # Parameters and optimizer state.
   config.model.scan_layers = True  # Stack layers with nn.scan: one compiled layer.
   config.model.remat_policy = "none"  # none | full | dots | dots_no_batch: activation recomputation.
-  config.model.attention_impl = "auto"  # auto | xla | splash (TPU) | cudnn (GPU) | flash (TPU, GPU); splash and cudnn need attention_dropout_rate 0.
+  config.model.attention_impl = "auto"  # auto (a fused kernel only where proven on the platform, else XLA; docs/attention.md) | xla | splash (TPU) | cudnn (GPU) | flash (TPU, GPU); splash and cudnn need attention_dropout_rate 0.
   config.model.causal = False  # Causal attention: pretraining sets it from objective (ltr); fine-tuning takes it from init_from's checkpoint.
 
   # Where batches come from.
@@ -143,4 +143,5 @@ def _phase(*, fraction, max_seq_length, max_predictions_per_seq, global_batch_si
   p.train_files = ""  # Glob of training TFRecords (local or gs://).
   p.eval_files = ""  # Glob of held-out TFRecords; empty skips evaluation.
   p.warmup_steps = 0  # Warmup at the phase's start when optimizer.per_phase_warmup.
+  p.remat_policy = ""  # This phase's model.remat_policy (none | full | dots | dots_no_batch); empty: the model's. `python -m bertjax.fit --remat_policy=...` shows what fits.
   return p

@@ -6,8 +6,9 @@ examples/benchmarks/bert/yamls/main/mosaic-bert-base-uncased.yaml) and
 RoBERTa (Liu et al., 2019): masked LM alone on full sentences (no NSP),
 30% of the tokens masked afresh every epoch, one phase at length 128,
 batch 4096, lr 5e-4 with 6% warmup and a linear decay to 0.02x, no
-attention dropout (so model.attention_impl 'auto' takes the fused kernel:
-splash on TPU, cuDNN on GPU).
+attention dropout (so the fused kernels without it, splash on TPU and cuDNN
+on GPU, can run: by name, or by 'auto' where docs/attention.md records them
+proven).
 
   python -m bertjax.create_data --objective=mlm --max_seq_length=128 \
       --max_predictions_per_seq=40 --dupe_factor=1 ... --output_dir=gs://BUCKET/data/mlm_128
@@ -27,7 +28,7 @@ def get_config():
   config.objective = "mlm"  # No NSP (the paper's Table 5 ablation; RoBERTa, MosaicBERT): masked LM on FULL-SENTENCES records (create_data --objective=mlm). Their rows are one segment, so segment B's token-type row is never trained; fine-tuning sets it (configs/finetune/glue.py's segment_b_init; docs/recipes.md).
   config.total_steps = 70_000  # MosaicBERT's max_duration, 286,720,000 samples, at batch 4096.
 
-  config.model.attention_dropout_rate = 0.0  # MosaicBERT's attention_probs_dropout_prob 0 (for the fused kernel); 'auto' then takes splash (TPU) or cuDNN (GPU) in training too.
+  config.model.attention_dropout_rate = 0.0  # MosaicBERT's attention_probs_dropout_prob 0 (for the fused kernel): splash (TPU) or cuDNN (GPU) may then train, by name or where 'auto' has them proven.
 
   config.data.dynamic_masking = True  # A fresh mask each epoch, as RoBERTa and MosaicBERT's collator.
   config.data.masked_lm_prob = 0.3  # MosaicBERT's mlm_probability (Wettig et al., 2022: 30% beats 15%); evaluation stays at the records' 15%.

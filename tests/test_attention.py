@@ -7,12 +7,15 @@ jax.nn.dot_product_attention call with implementation="xla". The flash
 kernels (attention dropout) have test_flash_attention.py.
 """
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from bertjax.model import attention
+from bertjax.model import kernel_evidence
 from bertjax.model.bert import BertForPreTraining
 from bertjax.model.config import BertConfig
 
@@ -86,36 +89,61 @@ def _choose(impl, platform, *, dropout=0.0, dtype="bfloat16", seq_len=128,
                           platform=platform, seq_len=seq_len, deterministic=deterministic)
 
 
-def test_auto_takes_the_platforms_fused_kernel_when_valid():
-  assert _choose("auto", "tpu")[0] == "splash"
-  assert _choose("auto", "tpu", seq_len=512)[0] == "splash"
-  assert _choose("auto", "gpu")[0] == "cudnn"
+def _evidence(kernel, platform, dropout, seq_lens=(128, 512), jax_minors=None):
+  return kernel_evidence.Evidence(
+      kernel=kernel, platform=platform, dropout=dropout, seq_lens=seq_lens,
+      jax_minors=jax_minors or (kernel_evidence.jax_minor(),), compiled="a test",
+      faster="a timed row")
+
+
+def test_auto_takes_no_fused_kernel_without_evidence_and_says_why(monkeypatch):
+  monkeypatch.setattr(kernel_evidence, "PROVEN", ())
+  for platform, dropout, kernel in (("tpu", 0.1, "flash"), ("tpu", 0.0, "splash"),
+                                    ("gpu", 0.1, "flash"), ("gpu", 0.0, "cudnn")):
+    got, why = _choose("auto", platform, dropout=dropout)
+    assert got == "xla", (platform, dropout)
+    assert f"{kernel} is not proven on {platform}" in why
+    assert f"model.attention_impl={kernel!r} opts in" in why
   kernel, why = _choose("auto", "cpu")
   assert kernel == "xla" and "cpu" in why
+
+
+def test_auto_takes_a_kernel_only_where_its_evidence_holds(monkeypatch):
+  monkeypatch.setattr(kernel_evidence, "PROVEN", (
+      _evidence("flash", "gpu", True, seq_lens=(128,)), _evidence("cudnn", "gpu", False),
+      _evidence("splash", "tpu", False, seq_lens=(100, 128, 512))))
+  kernel, why = _choose("auto", "gpu", dropout=0.1)
+  assert kernel == "flash" and "proven on gpu: a timed row" in why
+  kernel, why = _choose("auto", "gpu", dropout=0.1, seq_len=512)  # Not covered.
+  assert kernel == "xla" and "covers lengths [128]" in why
+  assert _choose("auto", "gpu", dropout=0.1, deterministic=True)[0] == "cudnn"
+  assert _choose("auto", "gpu")[0] == "cudnn"
+  assert _choose("auto", "tpu")[0] == "splash"
+  assert _choose("auto", "tpu", dropout=0.1)[0] == "xla"  # No TPU flash evidence.
+  # Another jax release: the evidence does not carry over.
+  kernel, why = attention.choose("auto", attention_dropout_rate=0.0, dtype="bfloat16",
+                                 platform="gpu", seq_len=128, deterministic=True,
+                                 jax_version="9.9.0")
+  assert kernel == "xla" and "on jax ['" in why and "not length 128 on jax 9.9" in why
+  # What the proven kernel cannot do falls back to XLA, with the reason.
   kernel, why = _choose("auto", "tpu", seq_len=100)
   assert kernel == "xla" and "not a multiple of 128" in why
   kernel, why = _choose("auto", "gpu", dtype="float32")
   assert kernel == "xla" and "model.dtype" in why
+  kernel, why = attention.choose("auto", attention_dropout_rate=0.0, dtype="bfloat16",
+                                 platform="gpu", seq_len=128, deterministic=True,
+                                 packed=True)
+  assert kernel == "xla" and "packed rows" in why
 
 
-def test_auto_takes_flash_for_attention_dropout_in_training_only():
-  """The paper's configs (attention dropout 0.1) train with flash on TPU and
-  GPU, in any dtype; evaluation (no dropout) keeps splash and cuDNN."""
-  for platform in ("tpu", "gpu"):
-    for dtype in ("bfloat16", "float32"):
-      kernel, why = _choose("auto", platform, dropout=0.1, dtype=dtype)
-      assert kernel == "flash" and "model.attention_dropout_rate=0.1" in why
-  assert _choose("auto", "tpu", dropout=0.1, seq_len=512)[0] == "flash"
-  assert _choose("auto", "tpu", dropout=0.1, deterministic=True)[0] == "splash"
-  assert _choose("auto", "gpu", dropout=0.1, deterministic=True)[0] == "cudnn"
-  kernel, why = _choose("auto", "tpu", dropout=0.1, seq_len=100)
-  assert kernel == "xla" and "not a multiple of 128: flash" in why
-  assert _choose("auto", "cpu", dropout=0.1)[0] == "xla"
-  for platform in ("tpu", "gpu"):  # Packed rows too.
-    kernel = attention.choose("auto", attention_dropout_rate=0.1, dtype="bfloat16",
-                              platform=platform, seq_len=128, deterministic=False,
-                              packed=True)[0]
-    assert kernel == "flash", platform
+def test_every_proven_kernel_runs_on_its_platform_and_is_in_the_docs():
+  docs = open(os.path.join(os.path.dirname(__file__), "..", "docs", "attention.md")).read()
+  for e in kernel_evidence.PROVEN:
+    assert e.kernel in attention.FUSED and e.platform in attention.PLATFORMS[e.kernel]
+    assert e.seq_lens and e.jax_minors and e.compiled and e.faster
+    assert e.faster in docs, e
+  for (platform, _), (kernel, _) in kernel_evidence.CANDIDATES.items():
+    assert platform in attention.PLATFORMS[kernel]
 
 
 def test_explicit_kernels_on_the_wrong_platform_or_length_are_refused():

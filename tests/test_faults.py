@@ -85,7 +85,7 @@ def test_nonfinite_loss_stops_naming_the_step_and_resumes_from_the_last_good_che
   result, _ = run(tmp_path_factory, workdir, nan_at=[6],
                   config={"logging.every_steps": 100, "optimizer.max_nonfinite_in_a_row": 1})
   assert result["summary"] is None
-  assert ("NonFiniteError: non-finite loss, gradient or updated parameters at step 6 "
+  assert ("NonFiniteError: non-finite loss or gradient at step 6 "
           "(--config.optimizer.max_nonfinite_in_a_row=1)") in result["error"]
   assert sorted(result["checkpoints"], key=int) == ["3", "4"]
   assert all(c["finite"] for c in result["checkpoints"].values())
@@ -102,7 +102,7 @@ def test_too_many_nonfinite_steps_stop_the_run_when_the_last_of_them_finishes(
   config = {"total_steps": 40, "logging.every_steps": 1000, "checkpoint.every_steps": 1000,
             "optimizer.max_nonfinite_in_a_row": 1}
   result, _ = run(tmp_path_factory, workdir, nan_at=[3], config=config)
-  assert ("NonFiniteError: non-finite loss, gradient or updated parameters at step 3 "
+  assert ("NonFiniteError: non-finite loss or gradient at step 3 "
           "(--config.optimizer.max_nonfinite_in_a_row=1)") in result["error"]
   assert result["batches_read"]["seq16"] <= 3 + 2 + 4, result["batches_read"]
   assert not result["checkpoints"]
@@ -115,11 +115,11 @@ def test_nonfinite_steps_are_skipped_and_counted_until_too_many_in_a_row(tmp_pat
   result, log = run(tmp_path_factory, workdir, nan_at=[5, 6, 7], config=config)
   assert result["summary"] is None
   assert result["error"] == (
-      "NonFiniteError: non-finite loss, gradient or updated parameters in 3 steps in a row, "
+      "NonFiniteError: non-finite loss or gradient in 3 steps in a row, "
       "5-7 (--config.optimizer.max_nonfinite_in_a_row=3); their updates were skipped, so the "
       "parameters are those of step 4. Lower optimizer.learning_rate, check the data, or "
       f"resume from the last checkpoint in {os.path.join(workdir, 'checkpoints')}.")
-  assert ("Step 6: non-finite loss, gradient or updated parameters; its update was skipped "
+  assert ("Step 6: non-finite loss or gradient; its update was skipped "
           "(2 in a row, 2 in all; --config.optimizer.max_nonfinite_in_a_row=3") in log
   # The run went on through steps 5 and 6 and saved step 6, whose parameters
   # are those of step 4 bit for bit.

@@ -116,11 +116,32 @@ def test_dropout_gradient_is_the_mask_and_keeps_only_the_mask():
   assert len(kept(loss(lambda t, k: jax.lax.select(k, t / 0.75, jnp.zeros_like(t))), x)) == 3
 
 
-def plain_probabilities_times_values(logits, v, mask, keep, rate):
+def test_product_mask_dropout_keeps_its_words_not_a_mask():
+  """Dropout's own path: the same values and gradient as the boolean mask's,
+  and for the backward pass only the row and column words."""
+  x = jnp.asarray(np.random.default_rng(2).normal(size=(4, 8, 64)), jnp.float32)
+  key, rate = jax.random.key(3), 0.25
+  keep = dropout.keep_mask(key, x.shape, rate)
+  scale = 1 / (1 - dropout.drop_rate(rate))
+  words = dropout.keep_words(key, x.shape)
+  y, pullback = jax.vjp(lambda t: dropout.apply_product_mask(t, *words, rate), x)
+  np.testing.assert_array_equal(y, jnp.where(keep, x * jnp.float32(scale), 0.0))
+  np.testing.assert_allclose(pullback(jnp.ones_like(x))[0], jnp.where(keep, scale, 0.0),
+                             rtol=1e-7)
+  module = dropout.Dropout(rate)
+  loss = lambda t: jnp.sum(module.apply({}, t, False, rngs={"dropout": key}) ** 2)
+  shapes = [(s, str(dt)) for s, dt in kept(loss, x)]
+  assert ((4, 8, 64), "bool") not in shapes, shapes
+  assert sorted(shapes) == sorted([((4, 8, 64), "float32"), ((4, 8, 1), "uint32"),
+                                   ((1, 1, 64), "uint32")]), shapes
+
+
+def plain_probabilities_times_values(logits, v, mask, words, rate):
   logits = jnp.where(mask[:, None, None, :], logits, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(logits, axis=-1)
-  if keep is not None:
-    probs = jnp.where(keep, probs / (1 - rate), 0.0)
+  if words is not None:
+    keep = dropout.product_keep(words[0][:, None, :, None], words[1][:, :, None, :], rate)
+    probs = jnp.where(keep, probs / (1 - dropout.attention_drop_rate(rate)), 0.0)
   return jnp.einsum("bnls,bsnh->blnh", probs.astype(v.dtype), v)
 
 
@@ -133,7 +154,7 @@ def test_probabilities_times_values_matches_autodiff(dtype, rate):
   logits = jnp.asarray(rng.normal(size=(b, n, length, length)) * 2, jnp.float32)
   v = jnp.asarray(rng.normal(size=(b, length, n, h)), dtype)
   mask = jnp.asarray(np.arange(length)[None, :] < np.array([16, 9, 0])[:, None])  # Row 2: all padding.
-  keep = dropout.keep_mask(jax.random.key(5), logits.shape, rate) if rate else None
+  keep = dropout.attention_words(jax.random.key(5), b, n, length) if rate else None
   weights = jnp.asarray(rng.normal(size=(b, length, n, h)), jnp.float32)
   loss = lambda fn: lambda lg, vv: jnp.sum(fn(lg, vv, mask, keep, rate).astype(jnp.float32)
                                            * weights)
@@ -150,6 +171,28 @@ def test_probabilities_times_values_matches_autodiff(dtype, rate):
   assert [dt for dt in square(ours) if dt != "bool"] == [str(jnp.dtype(dtype))]
   assert len([dt for dt in square(plain) if dt != "bool"]) == (4 if rate else 3)
   assert "float32" in square(plain)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_scaled_logits_match_autodiff_and_run_dq_and_dk_in_the_compute_dtype(dtype):
+  rng = np.random.default_rng(6)
+  q, k = (jnp.asarray(rng.normal(size=(2, 16, 2, 8)), dtype) for _ in range(2))
+  w = jnp.asarray(rng.normal(size=(2, 2, 16, 16)), jnp.float32)
+  plain = lambda q, k: jnp.einsum("blnh,bsnh->bnls", q, k, preferred_element_type=jnp.float32
+                                  ) / jnp.sqrt(jnp.float32(8))
+  np.testing.assert_array_equal(attention.scaled_logits(q, k), plain(q, k))
+  loss = lambda fn: lambda q, k: jnp.sum(fn(q, k) * w)
+  ours = jax.grad(loss(attention.scaled_logits), argnums=(0, 1))(q, k)
+  theirs = jax.grad(loss(plain), argnums=(0, 1))(q, k)
+  for name, a, b in zip("qk", ours, theirs):
+    assert a.dtype == dtype
+    assert_close(a, b, dtype, f"d{name}")
+  # The backward's two products take operands in the compute dtype only.
+  hlo = jax.jit(jax.grad(loss(attention.scaled_logits), argnums=(0, 1))).lower(q, k).as_text()
+  operands = re.findall(r"stablehlo.dot_general .*: \((tensor<[^>]*>), (tensor<[^>]*>)\)", hlo)
+  assert len(operands) == 2, hlo  # dq's and dk's (the loss is linear in the logits).
+  short = {jnp.float32: "f32", jnp.bfloat16: "bf16"}[dtype]
+  assert all(a.endswith(f"x{short}>") and b.endswith(f"x{short}>") for a, b in operands)
 
 
 @pytest.mark.slow

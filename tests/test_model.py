@@ -12,7 +12,6 @@ import pytest
 
 from bertjax.model import attention
 from bertjax.model import decoder
-from bertjax.model import dropout
 from bertjax.model import layers
 from bertjax.model.bert import BertForPreTraining
 from bertjax.model.config import BASE, LARGE, BertConfig
@@ -398,48 +397,6 @@ def test_sequence_longer_than_position_table_names_the_field():
   with pytest.raises(ValueError, match="model.max_position_embeddings=8"):
     jax.eval_shape(lambda: BertForPreTraining(config).init(
         jax.random.key(0), ids, ids, ids, ids[:, :2]))
-
-
-@pytest.mark.slow
-def test_dropout_keep_mask_rate_independence_and_fallback():
-  key = jax.random.key(0)
-  mask = np.asarray(dropout.keep_mask(key, (64, 128, 256), 0.1))
-  assert abs(mask.mean() - 0.9) < 0.002, mask.mean()
-  # The two words of each hash fill different halves: they are not copies.
-  assert (mask[..., :128] != mask[..., 128:]).mean() > 0.15
-  assert (mask[0] != mask[1]).mean() > 0.15  # Rows differ.
-  assert np.array_equal(mask, np.asarray(dropout.keep_mask(key, (64, 128, 256), 0.1)))
-  other = np.asarray(dropout.keep_mask(jax.random.key(1), (64, 128, 256), 0.1))
-  assert (mask != other).mean() > 0.15
-  odd = np.asarray(dropout.keep_mask(key, (64, 129), 0.25))  # Falls back to bernoulli.
-  assert odd.shape == (64, 129) and abs(odd.mean() - 0.75) < 0.03
-  rbg = np.asarray(dropout.keep_mask(jax.random.key(0, impl="rbg"), (64, 128), 0.5))
-  assert abs(rbg.mean() - 0.5) < 0.03
-  x = jnp.ones((8, 64))
-  out = dropout.Dropout(0.5).apply({}, x, False, rngs={"dropout": key})
-  assert set(np.unique(np.asarray(out))) <= {0.0, 2.0}
-  assert dropout.Dropout(0.5).apply({}, x, True) is x
-
-
-@pytest.mark.slow
-def test_dropout_keep_mask_is_jax_threefry_in_one_pass():
-  """The written-out hash gives jax's threefry2x32 primitive's words, bit for
-  bit: the first half of the last axis from the first word of the counters'
-  hashes, the second half from the second; compiled without a loop."""
-  key = jax.random.key(7)
-  shape, rate = (3, 4, 6, 10), 0.3
-  k1, k2 = jax.random.key_data(key)
-  half = shape[:-1] + (shape[-1] // 2,)
-  flat = np.arange(np.prod(half[1:]), dtype=np.uint32).reshape(half[1:])
-  hi = np.broadcast_to(np.arange(shape[0], dtype=np.uint32).reshape(-1, 1, 1, 1), half)
-  lo = np.broadcast_to(flat, half)
-  words = jax.extend.random.threefry2x32_p.bind(k1, k2, jnp.asarray(hi), jnp.asarray(lo))
-  for ours, theirs in zip(dropout.threefry2x32(k1, k2, jnp.asarray(hi), jnp.asarray(lo)), words):
-    np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs))
-  expected = np.concatenate([np.asarray(w) for w in words], -1) >= np.uint32(round(rate * 2**32))
-  np.testing.assert_array_equal(np.asarray(dropout.keep_mask(key, shape, rate)), expected)
-  compiled = jax.jit(lambda k: dropout.keep_mask(k, shape, rate)).lower(key).compile()
-  assert " while(" not in compiled.as_text()
 
 
 def _scatter_result_types(stablehlo: str) -> list[str]:

@@ -425,13 +425,13 @@ def test_modern_config_builds_on_base_with_mosaicbert_settings():
   config.optimizer.learning_rate = 1e-3
   assert config.optimizer.warmup_steps == 60
   assert config.optimizer.end_learning_rate == pytest.approx(2e-5)
-  # No attention dropout: 'auto' takes the fused kernel in training.
+  # No attention dropout: 'auto' weighs the kernels without it in training.
   for platform, fused in (("gpu", "cudnn"), ("tpu", "splash")):
-    kernel, _ = attention.choose(model.attention_impl,
-                                 attention_dropout_rate=model.attention_dropout_rate,
-                                 dtype=model.dtype, platform=platform, seq_len=128,
-                                 deterministic=False)
-    assert kernel == fused
+    kernel, why = attention.choose(model.attention_impl,
+                                   attention_dropout_rate=model.attention_dropout_rate,
+                                   dtype=model.dtype, platform=platform, seq_len=128,
+                                   deterministic=False)
+    assert kernel == fused or f"{fused} is not proven on {platform}" in why
 
 
 def test_mlm_export_is_a_masked_lm_without_nsp_weights(tmp_path):

@@ -470,3 +470,20 @@ def test_skipped_steps_move_the_learning_rate_on_with_the_step(runtime_peak):
                                err_msg=f"step {step}")
   assert applied[4] == 0.0  # Phase two's warmup starts at its first step.
   np.testing.assert_allclose(applied[3], config.learning_rate / 2, rtol=1e-4)
+
+
+def test_clipping_reads_the_steps_gradient_norm_and_is_optax_clipping():
+  rng = np.random.default_rng(3)
+  grads = {"a": jnp.asarray(rng.normal(size=(4, 5)), jnp.float32),
+           "b": jnp.asarray(rng.normal(size=7), jnp.float32)}
+  norm = optax.tree.norm(grads)
+  for max_norm in (0.5 * float(norm), 2 * float(norm)):  # Clipped, and left alone.
+    want, _ = optax.clip_by_global_norm(max_norm).update(grads, optax.EmptyState())
+    clip = opt_lib.clip_by_global_norm(max_norm)
+    for extra in ({}, {"grad_norm": norm}):
+      got, _ = clip.update(grads, clip.init(grads), **extra)
+      jax.tree.map(np.testing.assert_array_equal, got, want)
+  # Given a norm, it uses it rather than taking its own.
+  got, _ = opt_lib.clip_by_global_norm(1.0).update(grads, optax.EmptyState(),
+                                                   grad_norm=jnp.float32(2.0))
+  jax.tree.map(lambda g, t: np.testing.assert_allclose(g, t / 2.0, rtol=1e-6), got, grads)

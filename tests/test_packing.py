@@ -14,6 +14,7 @@ import pytest
 
 from bertjax.input import packing
 from bertjax.model import attention
+from bertjax.model import kernel_evidence
 from bertjax.model.bert import BertForPreTraining
 from bertjax.records import schema
 from bertjax.train import step as step_lib
@@ -204,7 +205,12 @@ def test_packed_splash_in_interpret_mode_equals_xla():
   np.testing.assert_allclose(np.asarray(splash)[real], np.asarray(xla)[real], atol=2e-5)
 
 
-def test_cudnn_refuses_packed_rows_and_auto_falls_back():
+def test_cudnn_refuses_packed_rows_and_auto_falls_back(monkeypatch):
+  proven = lambda kernel, platform: kernel_evidence.Evidence(
+      kernel=kernel, platform=platform, dropout=False, seq_lens=(128,),
+      jax_minors=(kernel_evidence.jax_minor(),), compiled="-", faster="-")
+  monkeypatch.setattr(kernel_evidence, "PROVEN", (proven("cudnn", "gpu"),
+                                                  proven("splash", "tpu")))
   with pytest.raises(ValueError, match="attention_impl='cudnn' does not take packed rows"):
     attention.choose("cudnn", attention_dropout_rate=0.0, dtype="bfloat16", platform="gpu",
                      seq_len=128, deterministic=True, packed=True)

@@ -294,7 +294,7 @@ def test_step_metrics_are_read_back_together_and_count_nonfinite_steps_up_to_the
   # Counts resumed from a checkpoint go on; 1 stops at the first non-finite step.
   buffer = StepMetrics(max_nonfinite_in_a_row=1, skipped=4, in_a_row=0)
   buffer.add(9, bad)
-  with pytest.raises(NonFiniteError, match=r"parameters at step 9 \(--config\.optimizer\."
+  with pytest.raises(NonFiniteError, match=r"gradient at step 9 \(--config\.optimizer\."
                                            r"max_nonfinite_in_a_row=1\); its update was "
                                            r"skipped, so the parameters are those of step 8\.$"):
     buffer.drain()
@@ -333,14 +333,11 @@ def test_a_nonfinite_step_keeps_the_parameters_and_optimizer_state():
   import optax  # pylint: disable=g-import-not-at-top
   params = {"w": jnp.array([1.0, -2.0, 3.0])}
   # SGD with momentum: its trace is optimizer state that a skipped step must keep.
-  # At a learning rate of 1e38 a gradient of 100 takes the parameters past
-  # float32's range: the loss and gradient are finite, the update is not.
   tx = optax.sgd(1e38, momentum=0.9)
   state = state_lib.TrainState(step=jnp.zeros([], jnp.int32), params=params,
                                opt_state=tx.init(params), apply_fn=None, tx=tx)
   before = jax.device_get((state.params, state.opt_state))
-  cases = {"loss": (jnp.float32(np.nan), 1.0), "gradient": (jnp.float32(1.0), np.inf),
-           "update": (jnp.float32(1.0), 100.0)}
+  cases = {"loss": (jnp.float32(np.nan), 1.0), "gradient": (jnp.float32(1.0), np.inf)}
   for name, (loss, g) in cases.items():
     grads = {"w": jnp.full(3, g, jnp.float32)}
     new_state, metrics = step_lib.apply_gradients(state, grads, {"loss": loss})
@@ -356,6 +353,17 @@ def test_a_nonfinite_step_keeps_the_parameters_and_optimizer_state():
   np.testing.assert_allclose(new_state.params["w"], [-9.0, -12.0, -7.0], rtol=1e-5)
   assert any(not np.array_equal(a, b) for a, b in zip(
       jax.tree.leaves(jax.device_get(new_state.opt_state)), jax.tree.leaves(before[1])))
+  # At a learning rate of 1e38 a gradient of 100 takes the parameters past
+  # float32's range: the loss and gradient are finite, so the update is
+  # applied, and param_norm shows what it did (StepMetrics stops the run).
+  new_state, metrics = step_lib.apply_gradients(
+      state, {"w": jnp.full(3, 100.0, jnp.float32)}, {"loss": jnp.float32(1.0)})
+  assert bool(metrics["finite"]) and not np.isfinite(float(metrics["param_norm"]))
+  buffer = StepMetrics(max_in_flight=1, max_nonfinite_in_a_row=5)
+  buffer.add(1, metrics)
+  with pytest.raises(NonFiniteError, match=r"the update of step 1 made the parameters "
+                     r"non-finite .* from a finite loss and gradient"):
+    buffer.drain()
 
 
 def test_one_process_preemption_guard_takes_a_real_sigterm_and_restores_the_handler():
@@ -437,3 +445,22 @@ def test_nll_and_hit_match_optax_cross_entropy_and_argmax():
 
 if __name__ == "__main__":
   print(json.dumps(_child(json.loads(sys.argv[1]))))
+
+
+def test_a_phase_trains_with_its_own_remat_policy(tmp_path, monkeypatch):
+  """phases.<name>.remat_policy: the phase's model recomputes what it says, on
+  the same parameters, and the run goes on across the switch."""
+  from bertjax.train import trainer as trainer_lib  # pylint: disable=g-import-not-at-top
+  config = tiny_config({"phases.seq32.remat_policy": "full"})
+  plan = run_config.phases(config)
+  model = run_config.validate(config)
+  assert [p.model_config(model).remat_policy for p in plan] == ["none", "full"]
+  seen = []
+  original = trainer_lib.Trainer._use_model_of
+
+  def record(self, phase):
+    original(self, phase)
+    seen.append((phase.name, self.state.apply_fn.__self__.config.remat_policy))
+  monkeypatch.setattr(trainer_lib.Trainer, "_use_model_of", record)
+  loop.train_and_evaluate(config, str(tmp_path))
+  assert seen == [("seq16", "none"), ("seq32", "full")]

@@ -10,6 +10,7 @@ import os
 import pytest
 
 from bertjax.convert.weights import load_weights
+from bertjax.model import kernel_evidence
 from bertjax.train import loop
 from bertjax.train import run_config
 from bertjax.train import state as state_lib
@@ -17,6 +18,8 @@ from test_train import forbid_building_state, tiny_config
 
 
 BAD_CONFIGS = {
+    "phase_remat": ({"phases.seq32.remat_policy": "some"},
+                    r"--config\.phases\.seq32\.remat_policy: 'some' is not one of"),
     "hidden_size": ({"model.hidden_size": 30}, r"--config\.model\.hidden_size: 30 is not "
                     r"divisible by model\.num_heads=4"),
     "micro_batches": ({"optimizer.grad_accum_steps": 3},
@@ -61,7 +64,8 @@ def test_batch_must_split_over_data_parallel_devices():
     run_config.validate(config, num_devices=8, process_count=3)
 
 
-def test_splash_attention_is_refused_where_the_tensor_axis_does_not_divide_the_heads():
+def test_splash_attention_is_refused_where_the_tensor_axis_does_not_divide_the_heads(
+    monkeypatch):
   fix = r"set mesh\.tensor to a divisor of 4, or model\.attention_impl='xla'"
   no_dropout = {"model.attention_dropout_rate": 0.0}
   splash = dict(no_dropout, **{"model.attention_impl": "splash"})
@@ -78,11 +82,19 @@ def test_splash_attention_is_refused_where_the_tensor_axis_does_not_divide_the_h
     run_config.validate(tiny_config(dict(splash, **{"mesh.tensor": 3})))
   run_config.validate(tiny_config(dict(splash, **{"mesh.data": 4, "mesh.tensor": 2})),
                       num_devices=8)
-  # auto: refused only where it picks splash or flash, i.e. on TPU (None checks as for
-  # TPU) at a length that is a multiple of 128: flash in training with attention
-  # dropout, splash in training without it or in evaluation.
+  # auto: refused only where it picks splash or flash: nowhere while no
+  # evidence proves them; with evidence on TPU (None checks as for TPU) at a
+  # proven length: flash in training with attention dropout, splash in
+  # training without it or in evaluation.
   at_128 = {"model.max_position_embeddings": 128, "phases.seq32.max_seq_length": 128,
             "mesh.data": 1, "mesh.tensor": 8}
+  monkeypatch.setattr(kernel_evidence, "PROVEN", ())
+  run_config.validate(tiny_config(at_128), num_devices=8, platform="tpu")
+  proven = lambda kernel, dropout: kernel_evidence.Evidence(
+      kernel=kernel, platform="tpu", dropout=dropout, seq_lens=(128,),
+      jax_minors=(kernel_evidence.jax_minor(),), compiled="-", faster="-")
+  monkeypatch.setattr(kernel_evidence, "PROVEN", (proven("flash", True),
+                                                  proven("splash", False)))
   for overrides in (no_dropout, {"phases.seq32.eval_files": "/data/eval/*"}):
     config = tiny_config(dict(at_128, **overrides))
     for platform in ("tpu", None):

@@ -15,9 +15,10 @@
   kernel (Pallas; flash_tpu.py on TPU, flash_gpu.py on GPU through Triton),
   forward and backward; the padding or packed-example ids as segment ids,
   lengths padded to a multiple of 128, run per shard with shard_map under a
-  mesh as splash is. Its keep-mask is dropout.attention_keep_mask's, drawn
-  in the kernel from global (batch, head, query, key) indices, so it drops
-  what XLA attention drops for the same key, on any mesh. On CPU it runs the
+  mesh as splash is. Its keep-mask is dropout.attention_keep_mask's, formed
+  in the kernel from the row words of the queries and the column words of
+  the keys, global indices, so it drops what XLA attention drops for the
+  same key, on any mesh. On CPU it runs the
   TPU kernel in Pallas interpret mode, for tests only.
 
 With `causal` (a left-to-right model) each query sees only the keys at
@@ -35,15 +36,12 @@ flash take them as their segment ids, and cuDNN is refused
 segment ids; bertjax passes it lengths). A query subset
 (the last layer) gets a boolean [B, Q, S] mask and always runs XLA.
 
-Splash and cuDNN have no attention dropout; flash has. `auto` picks:
-- TPU: flash while attention dropout is on (training with
-  attention_dropout_rate > 0, the paper's configs), splash otherwise
-  (evaluation, or rate 0);
-- GPU: flash while attention dropout is on; otherwise cuDNN in bf16/fp16,
-  and XLA for packed rows or in fp32;
-- CPU: XLA;
-- XLA wherever splash or flash would be picked for a length that is not a
-  multiple of 128 (they would compute on the padding).
+Splash and cuDNN have no attention dropout; flash has. `auto` takes a
+fused kernel only where kernel_evidence.py records that it is proven on
+that platform (BERT-LARGE's train step compiles within a bound, and it beats
+XLA attention there), for that step (with or without attention dropout),
+length and jax release; XLA attention everywhere else, and on CPU. Every
+fused kernel runs by name.
 It logs its choice and the reason once per distinct choice.
 
 Shapes in names: B batch, L sequence length, N heads, H head size.
@@ -58,6 +56,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.model import dropout as dropout_lib
+from bertjax.model import kernel_evidence
 from bertjax.model.dropout import apply_keep_mask
 
 IMPLS = ("auto", "xla", "splash", "cudnn", "flash")
@@ -113,10 +112,12 @@ def _runtime_problem(impl: str, platform: str) -> str | None:
 
 
 def choose(impl: str, *, attention_dropout_rate: float, dtype: str, platform: str,
-           seq_len: int, deterministic: bool, packed: bool = False) -> tuple[str, str]:
+           seq_len: int, deterministic: bool, packed: bool = False,
+           jax_version: str | None = None) -> tuple[str, str]:
   """(kernel, reason) for a configured attention_impl; raises ValueError if invalid.
 
   `packed`: the rows hold several examples (packed-example ids).
+  `jax_version`: the release auto's evidence is checked against (the running one's).
   """
   if impl == "xla":
     return "xla", "model.attention_impl='xla'"
@@ -129,29 +130,27 @@ def choose(impl: str, *, attention_dropout_rate: float, dtype: str, platform: st
       raise ValueError(problem)
     return impl, f"model.attention_impl={impl!r}"
   dropout = not deterministic and attention_dropout_rate > 0
-  kernel, reason = _auto(platform, dropout, attention_dropout_rate, dtype, packed)
+  return _auto(platform, dropout, dtype, packed, seq_len, jax_version)
+
+
+def _auto(platform: str, dropout: bool, dtype: str, packed: bool, seq_len: int,
+          jax_version: str | None) -> tuple[str, str]:
+  """`auto`'s kernel: a fused one only where kernel_evidence proves it."""
+  if platform not in ("tpu", "gpu"):
+    return "xla", f"no fused attention kernel for {platform}"
+  evidence = kernel_evidence.proven(platform, dropout, seq_len, jax_version)
+  if evidence is None:
+    return "xla", kernel_evidence.unproven_reason(platform, dropout, seq_len, jax_version)
+  kernel = evidence.kernel
   if kernel in ("splash", "flash") and seq_len % SPLASH_LANES:
     return "xla", (f"sequence length {seq_len} is not a multiple of {SPLASH_LANES}: "
                    f"{kernel} would compute on padding")
-  return kernel, reason
-
-
-def _auto(platform: str, dropout: bool, rate: float, dtype: str,
-          packed: bool) -> tuple[str, str]:
-  """`auto`'s kernel for a platform, before the length is looked at."""
-  if platform not in ("tpu", "gpu"):
-    return "xla", f"no fused attention kernel for {platform}"
-  if dropout:
-    return "flash", (f"model.attention_dropout_rate={rate} in training: the flash kernel "
-                     "drops out attention probabilities")
-  if platform == "tpu":
-    return "splash", "the fused attention kernel for tpu"
-  if packed:
+  if kernel == "cudnn" and packed:
     return "xla", "packed rows: cuDNN attention takes no packed-example ids"
-  problem = config_problem("cudnn", 0.0, dtype)
+  problem = config_problem(kernel, 0.0, dtype)
   if problem:
-    return "xla", f"cudnn not usable: {problem}"
-  return "cudnn", "the fused attention kernel for gpu"
+    return "xla", f"{kernel} not usable: {problem}"
+  return kernel, f"proven on {platform}: {evidence.faster}"
 
 
 def _log_once(kernel: str, reason: str):
@@ -164,44 +163,73 @@ def xla_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, dropout=None,
                   deterministic: bool = True, causal: bool = False):
   """Plain attention with fp32 softmax and (optional) dropout on the probabilities.
 
-  `dropout` is a dropout.Dropout, which draws the keep-mask
-  (dropout.attention_keep_mask; the dropped fraction is
-  dropout.attention_drop_rate of its rate). Softmax, dropout
+  `dropout` is a dropout.Dropout (anything with `rate` and `key()`), whose
+  key gives the row and column words of the keep-mask
+  (dropout.attention_words, dropout.attention_keep_mask; the dropped
+  fraction is dropout.attention_drop_rate of its rate). Softmax, dropout
   and the product with the values are one function with a written-out
   gradient (probabilities_times_values). With `causal` the logits of later
   keys are the most negative float before the softmax, so those keys get
   probability 0 and no gradient.
   """
-  head_dim = q_BxLxNxH.shape[-1]
-  logits_BxNxLxL = jnp.einsum("blnh,bsnh->bnls", q_BxLxNxH, k_BxLxNxH,
-                              preferred_element_type=jnp.float32)
-  logits_BxNxLxL = logits_BxNxLxL / jnp.sqrt(jnp.float32(head_dim))
+  logits_BxNxLxL = scaled_logits(q_BxLxNxH, k_BxLxNxH)
+  batch, heads, length, keys = logits_BxNxLxL.shape
   if causal:
-    length, keys = logits_BxNxLxL.shape[-2:]
     earlier_LxS = jnp.arange(keys)[None, :] <= jnp.arange(length)[:, None]
     logits_BxNxLxL = jnp.where(earlier_LxS, logits_BxNxLxL, jnp.finfo(jnp.float32).min)
-  keep, rate = None, 0.0
+  words, rate = None, 0.0
   if dropout is not None and not deterministic and dropout.rate > 0:
-    keep = dropout.attention_mask(logits_BxNxLxL.shape)
-    rate = dropout_lib.attention_drop_rate(dropout.rate)
-  return probabilities_times_values(logits_BxNxLxL, v_BxLxNxH, mask_BxL, keep, rate)
+    rows, cols = jax.lax.optimization_barrier(dropout_lib.attention_words(
+        dropout.key(), batch, heads, max(length, keys)))
+    words, rate = (rows[:, :length], cols[:, :, :keys]), dropout.rate
+  return probabilities_times_values(logits_BxNxLxL, v_BxLxNxH, mask_BxL, words, rate)
+
+
+@jax.custom_vjp
+def scaled_logits(q_BxLxNxH, k_BxSxNxH):
+  """q . k / sqrt(H) in fp32, [B, N, L, S].
+
+  Its gradient runs the two products of the backward pass (dq and dk) on
+  operands in q's dtype: the fp32 gradient of the logits is scaled and cast
+  once (to bf16 in the shipped configs), as the forward's products take bf16
+  q and k, rather than promoting q and k to fp32.
+  """
+  return _scaled_logits_fwd(q_BxLxNxH, k_BxSxNxH)[0]
+
+
+def _scaled_logits_fwd(q_BxLxNxH, k_BxSxNxH):
+  logits = jnp.einsum("blnh,bsnh->bnls", q_BxLxNxH, k_BxSxNxH,
+                      preferred_element_type=jnp.float32)
+  return logits / jnp.sqrt(jnp.float32(q_BxLxNxH.shape[-1])), (q_BxLxNxH, k_BxSxNxH)
+
+
+def _scaled_logits_bwd(residuals, g_BxNxLxS):
+  q_BxLxNxH, k_BxSxNxH = residuals
+  g = (g_BxNxLxS / jnp.sqrt(jnp.float32(q_BxLxNxH.shape[-1]))).astype(q_BxLxNxH.dtype)
+  dq = jnp.einsum("bnls,bsnh->blnh", g, k_BxSxNxH.astype(g.dtype))
+  dk = jnp.einsum("bnls,blnh->bsnh", g, q_BxLxNxH)
+  return dq.astype(q_BxLxNxH.dtype), dk.astype(k_BxSxNxH.dtype)
+
+
+scaled_logits.defvjp(_scaled_logits_fwd, _scaled_logits_bwd)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def probabilities_times_values(logits_BxNxLxS, v_BxSxNxH, mask_BxS, keep_BxNxLxS,
-                               rate: float):
-  """softmax(logits over the keys where mask_BxS) in fp32, dropped out where
-  keep is False (None: no dropout), times v.
+def probabilities_times_values(logits_BxNxLxS, v_BxSxNxH, mask_BxS, words, rate: float):
+  """softmax(logits over the keys where mask_BxS) in fp32, dropped out at `rate`
+  by the product mask of `words` (the queries' row words [B, L] and the keys'
+  column words [B, N, S], dropout.attention_words; None: no dropout), times v.
 
   The backward pass keeps the probabilities (in v's dtype, the compute
   dtype: bf16 in the shipped configs, where the forward's softmax is fp32),
-  the keep-mask and the padding mask, and forms the dropped probabilities
-  again; the softmax's backward runs in fp32 from the kept probabilities.
-  Autodiff of the same steps keeps four [B, N, L, S] arrays with dropout
-  and three without, the probabilities in fp32 (with scanned layers,
-  stacked residuals of every layer).
+  the words and the padding mask, and forms the keep-mask and the dropped
+  probabilities again; the softmax's backward runs in fp32 from the kept
+  probabilities. Autodiff of the same steps keeps four [B, N, L, S] arrays
+  with dropout (a boolean keep-mask among them) and three without, the
+  probabilities in fp32 (with scanned layers, stacked residuals of every
+  layer).
   """
-  return _probabilities_times_values_fwd(logits_BxNxLxS, v_BxSxNxH, mask_BxS, keep_BxNxLxS,
+  return _probabilities_times_values_fwd(logits_BxNxLxS, v_BxSxNxH, mask_BxS, words,
                                          rate)[0]
 
 
@@ -216,35 +244,38 @@ def packed_mask(query_ids_BxL, key_ids_BxS):
   return (query_ids_BxL[:, :, None] == key_ids_BxS[:, None, :]) & (key_ids_BxS[:, None, :] > 0)
 
 
-def _dropped(probs_BxNxLxS, keep_BxNxLxS, rate):
-  if keep_BxNxLxS is None:
+def _dropped(probs_BxNxLxS, words, rate):
+  if words is None:
     return probs_BxNxLxS
-  return apply_keep_mask(probs_BxNxLxS, keep_BxNxLxS, rate)
+  rows_BxL, cols_BxNxS = words
+  keep = dropout_lib.product_keep(rows_BxL[:, None, :, None], cols_BxNxS[:, :, None, :], rate)
+  return apply_keep_mask(probs_BxNxLxS, keep, dropout_lib.attention_drop_rate(rate))
 
 
-def _probabilities_times_values_fwd(logits_BxNxLxS, v_BxSxNxH, mask_BxS, keep_BxNxLxS, rate):
+def _probabilities_times_values_fwd(logits_BxNxLxS, v_BxSxNxH, mask_BxS, words, rate):
   big_neg = jnp.finfo(jnp.float32).min
   logits_BxNxLxS = jnp.where(_key_mask(mask_BxS), logits_BxNxLxS.astype(jnp.float32),
                              big_neg)
   probs_BxNxLxS = jax.nn.softmax(logits_BxNxLxS, axis=-1)
-  dropped = _dropped(probs_BxNxLxS, keep_BxNxLxS, rate).astype(v_BxSxNxH.dtype)
+  dropped = _dropped(probs_BxNxLxS, words, rate).astype(v_BxSxNxH.dtype)
   out_BxLxNxH = jnp.einsum("bnls,bsnh->blnh", dropped, v_BxSxNxH)
   # Kept in the compute dtype (v's): half the bytes of fp32 under bf16.
   kept_BxNxLxS = probs_BxNxLxS.astype(v_BxSxNxH.dtype)
-  return out_BxLxNxH, (kept_BxNxLxS, v_BxSxNxH, mask_BxS, keep_BxNxLxS)
+  return out_BxLxNxH, (kept_BxNxLxS, v_BxSxNxH, mask_BxS, words)
 
 
 def _probabilities_times_values_bwd(rate, residuals, g_BxLxNxH):
-  kept_BxNxLxS, v_BxSxNxH, mask_BxS, keep_BxNxLxS = residuals
+  kept_BxNxLxS, v_BxSxNxH, mask_BxS, words = residuals
   probs_BxNxLxS = kept_BxNxLxS.astype(jnp.float32)
-  dropped = _dropped(kept_BxNxLxS, keep_BxNxLxS, rate)
+  dropped = _dropped(kept_BxNxLxS, words, rate)
   dv_BxSxNxH = jnp.einsum("bnls,blnh->bsnh", dropped, g_BxLxNxH.astype(v_BxSxNxH.dtype))
   d_dropped = jnp.einsum("blnh,bsnh->bnls", g_BxLxNxH, v_BxSxNxH,
                          preferred_element_type=jnp.float32)
-  d_probs = _dropped(d_dropped, keep_BxNxLxS, rate)
+  d_probs = _dropped(d_dropped, words, rate)
   d_logits = probs_BxNxLxS * (d_probs - jnp.sum(d_probs * probs_BxNxLxS, -1, keepdims=True))
   d_logits = jnp.where(_key_mask(mask_BxS), d_logits, 0.0)
-  return d_logits, dv_BxSxNxH.astype(v_BxSxNxH.dtype), None, None
+  words_cotangent = None if words is None else (None, None)
+  return d_logits, dv_BxSxNxH.astype(v_BxSxNxH.dtype), None, words_cotangent
 
 
 probabilities_times_values.defvjp(_probabilities_times_values_fwd,
@@ -312,27 +343,19 @@ def splash_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, *, interpret: bo
   return local(q, k, v, seg_BxL).transpose(0, 2, 1, 3)[:, :length]
 
 
-def _shard_index(axes):
-  """This shard's index over mesh `axes` (a name or names, major first; None: 0)."""
-  return 0 if axes is None else jax.lax.axis_index(axes)
-
-
-def _flash_local(q, k, v, seg_BxL, words, *, rate: float, causal: bool, gpu: bool,
-                 interpret: bool, block_sizes, batch_axes=None, head_axes=None):
-  """The flash kernel of the platform over this shard's batch rows and heads,
-  its dropout counters offset to the global row and head."""
+def _flash_local(q, k, v, seg_BxL, *words, rate: float, causal: bool, gpu: bool,
+                 interpret: bool, block_sizes):
+  """The flash kernel of the platform over this shard's batch rows and heads
+  (`words`: this shard's dropout words, when rate > 0)."""
   from bertjax.model import flash_gpu, flash_tpu  # pylint: disable=g-import-not-at-top
   # flash_gpu's layout is [B, L, N, H], flash_tpu's [B, N, H, L].
-  heads, head_dim = (q.shape[2], q.shape[3]) if gpu else (q.shape[1], q.shape[2])
-  offsets = jnp.stack([_shard_index(batch_axes) * q.shape[0],
-                       _shard_index(head_axes) * heads]).astype(jnp.int32)
-  seed = jnp.concatenate([words, offsets])
+  head_dim = q.shape[3] if gpu else q.shape[2]
   scale = 1.0 / math.sqrt(head_dim)
   if gpu:
-    return flash_gpu.flash_attention(q, k, v, seg_BxL, seed, dropout_rate=rate, causal=causal,
-                                     sm_scale=scale, block_sizes=block_sizes,
+    return flash_gpu.flash_attention(q, k, v, seg_BxL, *words, dropout_rate=rate,
+                                     causal=causal, sm_scale=scale, block_sizes=block_sizes,
                                      interpret=interpret)
-  return flash_tpu.flash_attention(q, k, v, seg_BxL, seg_BxL, seed, dropout_rate=rate,
+  return flash_tpu.flash_attention(q, k, v, seg_BxL, seg_BxL, *words, dropout_rate=rate,
                                    causal=causal, sm_scale=scale, block_sizes=block_sizes,
                                    interpret=interpret)
 
@@ -345,13 +368,14 @@ def flash_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, *, key=None, rate
 
   mask_BxL (boolean padding mask, or packed-example ids) gives the segment
   ids. A length that is not a multiple of 128 is padded up to one (segment
-  0) and cut off again; the dropout mask of the real positions stays
-  dropout.attention_keep_mask's. `platform` 'gpu' runs flash_gpu (layout
-  [B, L, N, H]), else flash_tpu (q, k and v positions-minor);
-  `interpret` runs either in Pallas interpret mode; `block_sizes` is that
-  kernel's BlockSizes (None: its default).
+  0) and cut off again; the dropout words (dropout.attention_words, formed
+  here over the whole array, so each shard reads its slice) keep the mask of
+  the real positions dropout.attention_keep_mask's. `platform` 'gpu' runs
+  flash_gpu (layout [B, L, N, H]), else flash_tpu (q, k and v
+  positions-minor); `interpret` runs either in Pallas interpret mode;
+  `block_sizes` is that kernel's BlockSizes (None: its default).
   """
-  length, heads = q_BxLxNxH.shape[1], q_BxLxNxH.shape[2]
+  batch, length, heads = q_BxLxNxH.shape[:3]
   extra = -length % SPLASH_LANES
   gpu = platform == "gpu"
   pad = lambda t: jnp.pad(t, [(0, 0), (0, extra)] + [(0, 0)] * (t.ndim - 2))
@@ -360,13 +384,8 @@ def flash_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, *, key=None, rate
   else:  # flash_tpu: positions-minor [B, N, H, L].
     q, k, v = (pad(t).transpose(0, 2, 3, 1) for t in (q_BxLxNxH, k_BxLxNxH, v_BxLxNxH))
   rate = rate if key is not None else 0.0
-  if rate:
-    problem = dropout_lib.attention_counter_limit_problem(heads, length + extra, length + extra)
-    if problem:
-      raise ValueError(problem)
-    words = jnp.stack(dropout_lib.attention_key_words(key, jnp.int32))
-  else:
-    words = jnp.zeros((2,), jnp.int32)
+  words = (dropout_lib.attention_words(key, batch, heads, length + extra, jnp.int32)
+           if rate else ())
   local = functools.partial(_flash_local, rate=rate, causal=causal, gpu=gpu,
                             interpret=interpret, block_sizes=block_sizes)
   mesh = jax.sharding.get_abstract_mesh()
@@ -374,12 +393,12 @@ def flash_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, *, key=None, rate
     logical = (("activation_batch", None, "activation_heads", None) if gpu
                else ("activation_batch", "activation_heads", None, None))
     spec = _divisible_spec(nn.logical_to_mesh_axes(logical), q.shape, mesh)
-    local = jax.shard_map(
-        functools.partial(local, batch_axes=spec[0], head_axes=spec[2 if gpu else 1]),
-        in_specs=(spec, spec, spec, jax.sharding.PartitionSpec(spec[0], None),
-                  jax.sharding.PartitionSpec()),
-        out_specs=spec, check_vma=False)
-  out = local(q, k, v, pad(mask_BxL.astype(jnp.int32)), words)
+    batch_axes, head_axes = spec[0], spec[2 if gpu else 1]
+    P = jax.sharding.PartitionSpec  # pylint: disable=invalid-name
+    word_specs = (P(batch_axes, None), P(batch_axes, head_axes, None)) if rate else ()
+    local = jax.shard_map(local, in_specs=(spec, spec, spec, P(batch_axes, None), *word_specs),
+                          out_specs=spec, check_vma=False)
+  out = local(q, k, v, pad(mask_BxL.astype(jnp.int32)), *words)
   # flash_tpu's output is heads-major, [B, N, L, H].
   return (out if gpu else out.transpose(0, 2, 1, 3))[:, :length]
 

@@ -40,9 +40,8 @@ class BertConfig:
   remat_policy: str = "none"
   # xla | splash (Pallas, TPU; no attention dropout) | cudnn (GPU, bf16/fp16;
   # no attention dropout) | flash (Pallas, TPU and GPU, with attention
-  # dropout) | auto: on TPU and GPU flash while attention dropout is on in
-  # training, else splash or cuDNN where valid, XLA otherwise; see
-  # model/attention.py.
+  # dropout) | auto: a fused kernel only where model/kernel_evidence.py
+  # records it proven on the platform, XLA otherwise; see model/attention.py.
   attention_impl: str = "auto"
   # Each token attends only to itself and the tokens before it (a left-to-
   # right model: the paper's "LTR & No NSP" ablation). Every attention

@@ -4,10 +4,25 @@ keep_mask draws the boolean mask, apply_keep_mask applies it with a
 gradient that keeps only the mask, and Dropout is the module that draws from
 the 'dropout' stream. The encoder's layers and the heads use them.
 
-Attention probabilities take their own scheme, attention_keep_mask, whose
-hashes a fused attention kernel regenerates tile by tile
-(attention_tile_bits) in its forward and backward passes: XLA attention and
-the kernels drop the same probabilities for the same key.
+Both masks here are products of row and column words. A mask over a [rows,
+cols] grid (hidden activations: [tokens, features]; attention
+probabilities: [queries, keys] of each batch row and head) takes one odd
+32-bit word per row and one per column, each from threefry2x32 of its own
+counter under the key, and keeps element (i, j) unless the 32-bit product
+row_i * col_j falls in a fixed range of measure `rate` (product_keep). The
+threefry hashes cost one per row and one per column instead of one per
+element; what each element costs is one multiplication and one comparison.
+For a given column word the product is a bijection of the odd row words,
+so an element is dropped with probability exactly drop_rate(rate) (`rate`
+to 2^-31) and, across rows or across columns, elements are independent;
+tests/test_dropout.py checks what a product could add beyond that (pairs of
+rows and columns, 2x2 minors, row and column counts, singular values)
+against independent draws.
+
+Attention probabilities take attention_keep_mask, whose words a fused
+attention kernel reads (attention_words) and whose products it forms block
+by block in its forward and backward passes: XLA attention and the kernels
+drop the same probabilities for the same key.
 """
 
 import functools
@@ -19,22 +34,17 @@ import jax.numpy as jnp
 
 
 class Dropout(nn.Module):
-  """Inverted dropout whose keep-masks are one fused pass of threefry hashes.
+  """Inverted dropout whose keep-masks are products of row and column words.
 
   flax's nn.Dropout draws a uniform float per element through
   jax.random.bits, which on CPU runs the threefry2x32 hash as a loop of
   five passes over the whole array and then converts the bits to floats.
-  Here the mask comes from the threefry2x32 hashes of (batch, flat index)
-  counters over half the last axis: the first half of the last axis takes
-  each hash's first 32-bit word, the second half its second word, and an
-  element is kept when its word is at least round(rate * 2^32), a keep
-  probability exact to 2^-32. The hash is written out as elementwise
-  operations (threefry2x32, the same bits as jax's primitive) and each
-  element picks its word by position, so XLA computes counters, hash and
-  threshold in one fused pass, without materialising the words. The counters are global indices, so the mask
-  does not depend on how the array is sharded. Keys of other PRNG
-  implementations, odd last axes and arrays whose rows exceed 2^32
-  counters fall back to jax.random.bernoulli.
+  Here keep_mask hashes one word per row (all axes but the last, flattened)
+  and one per column (the last axis) and forms each element's product in
+  the pass that applies the mask. The counters are global indices, so the
+  mask does not depend on how the array is sharded. Keys of other PRNG
+  implementations and arrays of 2^32 rows or more fall back to
+  jax.random.bernoulli.
   """
   rate: float  # In [0, 1), as the config checks.
 
@@ -42,18 +52,14 @@ class Dropout(nn.Module):
   def __call__(self, x, deterministic: bool):
     if deterministic or self.rate == 0.0:
       return x
-    return apply_keep_mask(x, self.mask(x.shape), self.rate)
-
-  def mask(self, shape: tuple[int, ...]):
-    """The keep-mask for an array of this shape (draws from the 'dropout' stream)."""
-    return keep_mask(self.make_rng("dropout"), shape, self.rate)
-
-  def attention_mask(self, shape: tuple[int, ...]):
-    """attention_keep_mask for probabilities [B, N, Q, K] (draws from the 'dropout' stream)."""
-    return attention_keep_mask(self.make_rng("dropout"), shape, self.rate)
+    key = self.make_rng("dropout")
+    words = keep_words(key, x.shape)
+    if words is None:
+      return apply_keep_mask(x, keep_mask(key, x.shape, self.rate), drop_rate(self.rate))
+    return apply_product_mask(x, *words, self.rate)
 
   def key(self):
-    """A key from the 'dropout' stream, for a kernel that draws the mask itself."""
+    """A key from the 'dropout' stream (attention draws its words from it)."""
     return self.make_rng("dropout")
 
 
@@ -75,26 +81,93 @@ def _apply_keep_mask_bwd(rate, keep, g):
 apply_keep_mask.defvjp(_apply_keep_mask_fwd, _apply_keep_mask_bwd)
 
 
-def keep_mask(key, shape: tuple[int, ...], rate: float):
-  """Boolean mask, True with probability 1 - rate (see Dropout)."""
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def apply_product_mask(x, row_words, col_words, rate: float):
+  """Dropout of x at `rate` by the product mask of its row and column words
+  (keep_words): kept elements scaled by 1 / (1 - drop_rate(rate)). The
+  backward pass keeps only the words and forms the mask again, in the pass
+  that applies it, rather than keeping a boolean array the size of x."""
+  keep = product_keep(row_words, col_words, rate)
+  return apply_keep_mask(x, keep, drop_rate(rate))
+
+
+def _apply_product_mask_fwd(x, row_words, col_words, rate):
+  return apply_product_mask(x, row_words, col_words, rate), (row_words, col_words)
+
+
+def _apply_product_mask_bwd(rate, words, g):
+  return apply_product_mask(g, *words, rate), None, None
+
+
+apply_product_mask.defvjp(_apply_product_mask_fwd, _apply_product_mask_bwd)
+
+
+_INT32_MIN = -2**31
+
+
+def product_threshold(rate: float) -> int:
+  """Products (as int32) below this are dropped: the range [-2^31, -2^31 + T)
+  holds T / 2 odd values of the 2^31, T = 2 round(rate 2^31)."""
+  return _INT32_MIN + 2 * min(round(rate * 2**31), 2**31 - 1)
+
+
+def drop_rate(rate: float) -> float:
+  """The exact probability that a product mask at `rate` drops an element:
+  `rate` rounded to a multiple of 2^-31. Kept elements are scaled by
+  1 / (1 - this), so that their expectation is exact."""
+  return (product_threshold(rate) - _INT32_MIN) / 2**32
+
+
+def product_keep(rows, cols, rate: float):
+  """Whether each element of the broadcast of `rows` against `cols` (odd words,
+  int32 or uint32: the same bits) is kept: its wrapped 32-bit product, read as
+  int32, is at least product_threshold(rate). Shared by XLA and the kernels."""
+  product = rows * cols
+  if product.dtype != jnp.int32:
+    product = jax.lax.bitcast_convert_type(product.astype(jnp.uint32), jnp.int32)
+  return product >= jnp.int32(product_threshold(rate))
+
+
+def _odd_words(key_data, hi, lo, word: int):
+  """Word `word` (0 or 1) of threefry2x32 of the counters (hi, lo), made odd."""
+  return threefry2x32(key_data[0], key_data[1], hi, lo)[word] | jnp.uint32(1)
+
+
+def keep_words(key, shape: tuple[int, ...]):
+  """(row words [*shape[:-1], 1], column words [1, ..., shape[-1]]) of the
+  product mask of an array of `shape`, uint32; None where keep_mask falls
+  back to jax.random.bernoulli (keys of other PRNG implementations, 2^32
+  rows or more).
+
+  Row i (the flat index over all axes but the last) takes the first word of
+  threefry2x32(key, (0, i)), column j the first of threefry2x32(key, (1, j)),
+  both made odd. The words are materialised: fused into the pass that
+  multiplies them, XLA would hash again per element.
+  """
   key_data = jax.random.key_data(key)
-  half = tuple(shape[:-1]) + (shape[-1] // 2,) if shape else ()
-  row = math.prod(half[1:])
-  if key_data.shape != (2,) or not shape or shape[-1] % 2 or row >= 2**32:
-    return jax.random.bernoulli(key, 1.0 - rate, shape)
-  # Element (..., j) of the last axis hashes the counter of (..., j mod half).
-  last = len(shape) - 1
-  column = jax.lax.broadcasted_iota(jnp.uint32, shape, last)
-  second_half = column >= jnp.uint32(half[-1])
-  hi = jax.lax.broadcasted_iota(jnp.uint32, shape, 0)
-  lo = jnp.where(second_half, column - jnp.uint32(half[-1]), column)
-  stride = half[-1]
-  for axis in range(last - 1, 0, -1):
-    lo = lo + jax.lax.broadcasted_iota(jnp.uint32, shape, axis) * jnp.uint32(stride)
-    stride *= half[axis]
-  word1, word2 = threefry2x32(key_data[0], key_data[1], hi, lo)
-  threshold = min(round(rate * 2**32), 2**32 - 1)
-  return jnp.where(second_half, word2, word1) >= jnp.uint32(threshold)
+  rows = math.prod(shape[:-1])
+  if key_data.shape != (2,) or not shape or rows >= 2**32 or shape[-1] >= 2**32:
+    return None
+  key_data = key_data.astype(jnp.uint32)
+  row_shape = tuple(shape[:-1]) + (1,)
+  flat = jnp.zeros(row_shape, jnp.uint32)
+  stride = 1
+  for axis in range(len(shape) - 2, -1, -1):
+    flat = flat + jax.lax.broadcasted_iota(jnp.uint32, row_shape, axis) * jnp.uint32(stride)
+    stride *= shape[axis]
+  col = jax.lax.broadcasted_iota(jnp.uint32, (1,) * (len(shape) - 1) + (shape[-1],),
+                                 len(shape) - 1)
+  return jax.lax.optimization_barrier((_odd_words(key_data, jnp.zeros_like(flat), flat, 0),
+                                       _odd_words(key_data, jnp.ones_like(col), col, 0)))
+
+
+def keep_mask(key, shape: tuple[int, ...], rate: float):
+  """Boolean mask, True with probability 1 - drop_rate(rate): product_keep of
+  keep_words (see Dropout), or jax.random.bernoulli where those are None."""
+  words = keep_words(key, shape)
+  if words is None:
+    return jax.random.bernoulli(key, 1.0 - drop_rate(rate), shape)
+  return product_keep(*words, rate)
 
 
 _THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
@@ -125,41 +198,27 @@ def threefry2x32(key1, key2, x1, x2):
   return x1, x2
 
 
-# Attention dropout: probabilities [B, N, Q, K], the query axis in tiles of
-# ATTENTION_TILE rows, each tile in four parts of ATTENTION_PART rows. Row i
-# of each part in a tile takes one threefry hash per key: part 0 the low 16
-# bits of its first word, part 1 the high 16 bits, parts 2 and 3 the same of
-# the second word. One hash decides four probabilities (against one or two
-# for 32-bit thresholds), and a kernel expands a tile's hashes to its rows
-# by stacking whole blocks of 32 rows, which TPUs and GPUs do without
-# moving data between lanes.
-ATTENTION_TILE = 128
-ATTENTION_PART = 32
-_ATTENTION_BITS = 16
-
-
-def attention_threshold(rate: float) -> int:
-  """A probability is dropped when its 16 bits are below this."""
-  return min(round(rate * 2**_ATTENTION_BITS), 2**_ATTENTION_BITS - 1)
+# Attention dropout: probabilities [B, N, Q, K]. Query q of batch row b takes
+# the row word of threefry2x32(key, (b, q))'s first word; key k of batch row
+# b and head n the column word of threefry2x32(key, (b, n * 2^16 + k))'s
+# second word (both odd). The row words are shared by the heads, whose column
+# words differ. Lengths and heads are thus limited to 2^16 each.
+_ATTENTION_LIMIT = 2**16
 
 
 def attention_drop_rate(rate: float) -> float:
-  """The exact probability that attention dropout at `rate` drops a probability:
-  `rate` rounded to a multiple of 2^-16 (0.1 -> 6554 / 65536 = 0.100006...).
-  The kept probabilities are scaled by 1 / (1 - this), so that their
-  expectation is exact."""
-  return attention_threshold(rate) / 2**_ATTENTION_BITS
+  """The exact probability that attention dropout at `rate` drops a probability
+  (drop_rate: `rate` rounded to a multiple of 2^-31)."""
+  return drop_rate(rate)
 
 
 def attention_counter_limit_problem(heads: int, q_len: int, k_len: int) -> str | None:
-  """Why probabilities [*, heads, q_len, k_len] have too many counters per
-  batch row for one 32-bit word (None if they fit)."""
-  tiles = -(-q_len // ATTENTION_TILE)
-  stride = -(-k_len // ATTENTION_TILE) * ATTENTION_TILE
-  if heads * tiles * ATTENTION_PART * stride < 2**32:
+  """Why probabilities [*, heads, q_len, k_len] have too many counters for
+  attention_words (None if they fit)."""
+  if max(heads, q_len, k_len) <= _ATTENTION_LIMIT:
     return None
-  return (f"attention dropout: {heads} heads x {q_len} queries x {k_len} keys need more "
-          "than 2^32 hash counters per batch row")
+  return (f"attention dropout: {heads} heads, {q_len} queries and {k_len} keys: each "
+          f"must be at most {_ATTENTION_LIMIT}")
 
 
 def attention_key_words(key, dtype=jnp.uint32):
@@ -175,67 +234,37 @@ def attention_key_words(key, dtype=jnp.uint32):
   return data[0], data[1]
 
 
-def attention_tile_words(key1, key2, batch, head, tile, first_key, *, keys: int,
-                         q_tiles: int, key_stride: int):
-  """The two hash words [ATTENTION_PART, keys] of one tile of queries (`tile`,
-  the global tile index) against keys first_key ... first_key + keys - 1 of
-  (global) `batch` row and `head`.
-
-  `q_tiles`: tiles in the query axis (ceil(Q / 128)); `key_stride`: the key
-  axis rounded up to a multiple of 128. Both are the whole array's, so a
-  block's draws do not depend on the block sizes, and a length padded up to
-  a multiple of 128 keeps the draws of its real positions. The counters are
-  (batch, ((head * q_tiles + tile) * 32 + row) * key_stride + key), in the
-  32-bit integer type of key1 (a kernel's int32 or XLA's uint32: the same
-  bits).
-  """
-  dtype = key1.dtype
-  shape = (ATTENTION_PART, keys)
-  base = ((head * q_tiles + tile) * ATTENTION_PART) * key_stride + first_key
-  rows = jax.lax.broadcasted_iota(dtype, shape, 0)
-  cols = jax.lax.broadcasted_iota(dtype, shape, 1)
-  lo = rows * jnp.asarray(key_stride, dtype) + cols + jnp.asarray(base, dtype)
-  hi = jnp.zeros(shape, dtype) + jnp.asarray(batch, dtype)
-  return threefry2x32(key1, key2, hi, lo)
-
-
-def attention_part_bits(word1, word2, part: int):
-  """The 16-bit draws of rows part * 32 ... part * 32 + 31 of a tile."""
-  word = word1 if part < 2 else word2
-  if part % 2:
-    return jax.lax.shift_right_logical(word, jnp.asarray(_ATTENTION_BITS, word.dtype))
-  return word & jnp.asarray(2**_ATTENTION_BITS - 1, word.dtype)
-
-
-def attention_tile_bits(key1, key2, batch, head, tile, first_key, *, keys: int,
-                        q_tiles: int, key_stride: int):
-  """The 16-bit draws [ATTENTION_TILE, keys] of one tile (attention_tile_words):
-  its four parts stacked, whole blocks of rows. Shared by attention_keep_mask
-  and the TPU kernel."""
-  words = attention_tile_words(key1, key2, batch, head, tile, first_key, keys=keys,
-                               q_tiles=q_tiles, key_stride=key_stride)
-  return jnp.concatenate([attention_part_bits(*words, part) for part in range(4)], axis=0)
+def attention_words(key, batch: int, heads: int, length: int, dtype=jnp.uint32):
+  """(row words [B, L], column words [B, N, L]) of attention dropout for
+  probabilities [B, N, L, L] (see above), as global indices: a shard's words
+  are the slice of the whole array's, and a length padded further keeps the
+  words of its real positions. In `dtype` (int32 for the kernels)."""
+  problem = attention_counter_limit_problem(heads, length, length)
+  if problem:
+    raise ValueError(problem)
+  key_data = jnp.stack(attention_key_words(key))
+  b = jax.lax.broadcasted_iota(jnp.uint32, (batch, length), 0)
+  q = jax.lax.broadcasted_iota(jnp.uint32, (batch, length), 1)
+  rows = _odd_words(key_data, b, q, 0)
+  shape = (batch, heads, length)
+  b = jax.lax.broadcasted_iota(jnp.uint32, shape, 0)
+  counter = (jax.lax.broadcasted_iota(jnp.uint32, shape, 1) * jnp.uint32(_ATTENTION_LIMIT)
+             + jax.lax.broadcasted_iota(jnp.uint32, shape, 2))
+  cols = _odd_words(key_data, b, counter, 1)
+  if dtype != jnp.uint32:
+    rows, cols = (jax.lax.bitcast_convert_type(w, dtype) for w in (rows, cols))
+  return rows, cols
 
 
 def attention_keep_mask(key, shape: tuple[int, ...], rate: float):
   """Boolean keep-mask for attention probabilities [B, N, Q, K]: True with
-  probability 1 - attention_drop_rate(rate), from attention_tile_bits.
+  probability 1 - attention_drop_rate(rate), product_keep of the row words
+  of the queries and the column words of the keys (attention_words).
 
-  The mask of [B, N, Q, K] is the top-left corner of the mask of the shape
-  with Q and K rounded up to multiples of 128.
+  The mask of [B, N, Q, K] is the top-left corner of the mask of any longer
+  shape.
   """
   batch, heads, q_len, k_len = shape
-  problem = attention_counter_limit_problem(heads, q_len, k_len)
-  if problem:
-    raise ValueError(problem)
-  key1, key2 = attention_key_words(key)
-  q_tiles = -(-q_len // ATTENTION_TILE)
-  stride = -(-k_len // ATTENTION_TILE) * ATTENTION_TILE
-  tile_bits = functools.partial(attention_tile_bits, key1, key2, first_key=jnp.uint32(0),
-                                keys=stride, q_tiles=q_tiles, key_stride=stride)
-  bits = jax.vmap(jax.vmap(jax.vmap(tile_bits, (None, None, 0)), (None, 0, None)),
-                  (0, None, None))(jnp.arange(batch, dtype=jnp.uint32),
-                                   jnp.arange(heads, dtype=jnp.uint32),
-                                   jnp.arange(q_tiles, dtype=jnp.uint32))
-  bits = bits.reshape(batch, heads, q_tiles * ATTENTION_TILE, stride)[:, :, :q_len, :k_len]
-  return bits >= jnp.uint32(attention_threshold(rate))
+  rows, cols = jax.lax.optimization_barrier(
+      attention_words(key, batch, heads, max(q_len, k_len)))
+  return product_keep(rows[:, None, :q_len, None], cols[:, :, None, :k_len], rate)

@@ -14,23 +14,24 @@
 #
 # Modified for bertjax from jax/experimental/pallas/ops/tpu/flash_attention.py
 # (jax 0.10.2): dropout on the attention probabilities, drawn in the kernels
-# from bertjax.model.dropout's attention hash; the attention bias, batch
+# from bertjax.model.dropout's row and column words; the attention bias, batch
 # blocks and the kv sub-blocks removed; the log-sum-exp kept instead of the
 # row max and sum; dq computed in the dk/dv pass when the keys are one block.
 
 """Flash attention with dropout on the probabilities, for TPU (Pallas, Mosaic).
 
-`flash_attention(q, k, v, q_segment_ids, kv_segment_ids, seed, ...)` with
+`flash_attention(q, k, v, q_segment_ids, kv_segment_ids, drop_rows, drop_cols, ...)` with
 q, k and v positions-minor ([B, N, H, L]): held so, the queries, keys and
 values a layer keeps for the backward pass (scanned layers stack them) need
 no padding of a head size below 128 lanes, which a heads-major [B, N, L, H]
 layout gets on TPU (twice the bytes at H = 64). A query sees the keys of its own segment
 id (and with `causal` none after it). With `dropout_rate` > 0 each
-probability is dropped where dropout.attention_keep_mask would drop it for
-the array [B, N, Q, K] at the global batch row seed[2] + b and head
-seed[3] + n: the kernels draw the mask tile by tile from the same hash
-(dropout.attention_tile_bits) and the backward pass draws it again rather
-than storing it. The kept probabilities are scaled by 1 / (1 - p), p =
+probability is dropped where dropout.attention_keep_mask drops it: the
+kernels read the row words of their queries and the column words of their
+keys (dropout.attention_words) and form each block's mask from their
+products (dropout.product_keep, a multiplication and a comparison per
+probability); the backward pass forms it again rather than storing it. The
+kept probabilities are scaled by 1 / (1 - p), p =
 dropout.attention_drop_rate(dropout_rate). The plain-JAX reference is
 bertjax.model.attention.xla_attention. On CPU, `interpret=True` runs the
 kernels in Pallas interpret mode (tests).
@@ -60,8 +61,7 @@ TRANS_B = (((1,), (1,)), ((), ()))  # x @ y.T
 
 @dataclasses.dataclass(frozen=True)
 class BlockSizes:
-  """Rows of queries and of keys per grid step, per pass (multiples of 128;
-  with dropout the query blocks hold whole 128-row tiles of the mask).
+  """Rows of queries and of keys per grid step, per pass (multiples of 128).
   `block_k_dkv` equal to the key length puts dq in the dk/dv pass (one
   pass over the probabilities instead of two)."""
   block_q: int = 128
@@ -90,58 +90,57 @@ class _Static:
   interpret: bool
 
 
-def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, seed, *,
-                    dropout_rate: float = 0.0, causal: bool = False, sm_scale: float = 1.0,
+def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, drop_rows=None, drop_cols=None,
+                    *, dropout_rate: float = 0.0, causal: bool = False, sm_scale: float = 1.0,
                     block_sizes: BlockSizes | None = None, interpret: bool = False):
   """softmax(q^T k * sm_scale, masked) dropped out, times v^T: [B, N, Q, H].
 
   q [B, N, H, Q], k and v [B, N, H, K]; segment ids [B, Q] and [B, K]
-  (int32); seed int32 [4]: the dropout key's two words
-  (dropout.attention_key_words), the global index of batch row 0 and of
-  head 0 (shards of a larger array).
+  (int32); with dropout_rate > 0, drop_rows [B, Q] and drop_cols [B, N, K]:
+  dropout.attention_words of these rows, heads and positions (int32).
   """
-  heads, q_len, k_len = q.shape[1], q.shape[3], k.shape[3]
+  q_len, k_len = q.shape[3], k.shape[3]
   blocks = block_sizes or BlockSizes.for_length(k_len)
-  _check(blocks, q_len, k_len, dropout_rate)
-  problem = dropout.attention_counter_limit_problem(heads, q_len, k_len)
-  if dropout_rate and problem:
-    raise ValueError(problem)
+  _check(blocks, q_len, k_len)
+  words = ()
+  if dropout_rate:
+    if drop_rows is None or drop_cols is None:
+      raise ValueError("flash attention with dropout needs drop_rows and drop_cols "
+                       "(dropout.attention_words)")
+    words = (drop_rows.astype(jnp.int32), drop_cols.astype(jnp.int32))
   static = _Static(float(dropout_rate), causal, float(sm_scale), blocks, interpret)
   return _flash(q, k, v, q_segment_ids.astype(jnp.int32), kv_segment_ids.astype(jnp.int32),
-                seed.astype(jnp.int32), static)
+                words, static)
 
 
-def _check(blocks: BlockSizes, q_len: int, k_len: int, rate: float):
+def _check(blocks: BlockSizes, q_len: int, k_len: int):
   for name, size in dataclasses.asdict(blocks).items():
     length = q_len if name.startswith("block_q") else k_len
     if size % NUM_LANES or length % size:
       raise ValueError(f"flash attention: {name}={size} must be a multiple of {NUM_LANES} "
                        f"that divides the length {length}")
-  if rate and blocks.block_q % dropout.ATTENTION_TILE:
-    raise ValueError(f"flash attention with dropout: query blocks must hold whole "
-                     f"{dropout.ATTENTION_TILE}-row tiles of the mask")
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
-def _flash(q, k, v, q_ids, kv_ids, seed, static):
-  return _forward(q, k, v, q_ids, kv_ids, seed, static)[0]
+def _flash(q, k, v, q_ids, kv_ids, words, static):
+  return _forward(q, k, v, q_ids, kv_ids, words, static)[0]
 
 
-def _flash_fwd(q, k, v, q_ids, kv_ids, seed, static):
-  out, lse = _forward(q, k, v, q_ids, kv_ids, seed, static)
-  return out, (q, k, v, q_ids, kv_ids, seed, out, lse)
+def _flash_fwd(q, k, v, q_ids, kv_ids, words, static):
+  out, lse = _forward(q, k, v, q_ids, kv_ids, words, static)
+  return out, (q, k, v, q_ids, kv_ids, words, out, lse)
 
 
 def _flash_bwd(static, residuals, d_out):
-  q, k, v, q_ids, kv_ids, seed, out, lse = residuals
+  q, k, v, q_ids, kv_ids, words, out, lse = residuals
   di = jnp.sum(out.astype(jnp.float32) * d_out.astype(jnp.float32), axis=-1)
   if static.blocks.block_k_dkv == k.shape[3]:
-    dq, dk, dv = _backward(q, k, v, q_ids, kv_ids, seed, lse, d_out, di, static, with_dq=True)
+    dq, dk, dv = _backward(q, k, v, q_ids, kv_ids, words, lse, d_out, di, static, with_dq=True)
   else:
-    dk, dv = _backward(q, k, v, q_ids, kv_ids, seed, lse, d_out, di, static, with_dq=False)
-    dq = _backward_dq(q, k, v, q_ids, kv_ids, seed, lse, d_out, di, static)
+    dk, dv = _backward(q, k, v, q_ids, kv_ids, words, lse, d_out, di, static, with_dq=False)
+    dq = _backward_dq(q, k, v, q_ids, kv_ids, words, lse, d_out, di, static)
   # dq comes heads-major ([B, N, Q, H]), like the output.
-  return dq.swapaxes(2, 3), dk, dv, None, None, None
+  return dq.swapaxes(2, 3), dk, dv, None, None, jax.tree.map(lambda _: None, words)
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
@@ -171,28 +170,18 @@ def _logits(q_HxR, k_HxC, q_ids_Rx128, kv_ids_1xC, q_start, k_start, static):
   return jnp.where(visible, s, MASK_VALUE)
 
 
-def _global_row_and_head(seed_ref):
-  """This grid step's global batch row and head (grid axes 0 and 1, offset by
-  the seed's), read where interpret mode substitutes the program ids."""
-  return seed_ref[2] + pl.program_id(0), seed_ref[3] + pl.program_id(1)
+def _keep(word_refs, width: int, static):
+  """The dropout keep-mask [block_q, width] of a block: the products of its
+  queries' row words (held in 128 lanes) and its keys' column words."""
+  rows_ref, cols_ref = word_refs
+  return dropout.product_keep(_lanes(rows_ref[0], width), cols_ref[0, 0, :1],
+                              static.dropout_rate)
 
 
-def _keep(seed_ref, where, q_start, k_start, shape, static, q_len, k_len):
-  """The dropout keep-mask of a block of queries from q_start and keys from
-  k_start of the (batch row, head) `where` (dropout.attention_tile_bits, tile
-  by tile)."""
-  rows, cols = shape
-  batch, head = where
-  # lax.div, not //: floor division lowers through sign, whose Mosaic rule asks
-  # the local device for the TPU generation (none on a CPU host compiling ahead).
-  tile0 = lax.div(q_start, dropout.ATTENTION_TILE)
-  bits = [dropout.attention_tile_bits(
-      seed_ref[0], seed_ref[1], batch, head, tile0 + t, k_start, keys=cols,
-      q_tiles=pl.cdiv(q_len, dropout.ATTENTION_TILE),
-      key_stride=pl.cdiv(k_len, dropout.ATTENTION_TILE) * dropout.ATTENTION_TILE)
-          for t in range(rows // dropout.ATTENTION_TILE)]
-  bits = bits[0] if len(bits) == 1 else jnp.concatenate(bits, axis=0)
-  return bits >= dropout.attention_threshold(static.dropout_rate)
+def _split_refs(refs, static, inputs: int):
+  """(the `inputs` input refs, the dropout words' refs or (), the rest)."""
+  words = 2 if static.dropout_rate else 0
+  return refs[:inputs], refs[inputs:inputs + words], refs[inputs + words:]
 
 
 def _keep_scale(static) -> float:
@@ -201,12 +190,12 @@ def _keep_scale(static) -> float:
 
 # Forward.
 
-def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, q_ids_ref, kv_ids_ref, o_ref, lse_ref,
-                    m_scratch, l_scratch, acc_scratch, *, static, q_len, k_len):
+def _forward_kernel(*refs, static):
+  (q_ref, k_ref, v_ref, q_ids_ref, kv_ids_ref), word_refs, rest = _split_refs(refs, static, 5)
+  o_ref, lse_ref, m_scratch, l_scratch, acc_scratch = rest
   head_dim, block_q = q_ref.shape[2:]
   block_k = k_ref.shape[3]
   q_block, k_block = pl.program_id(2), pl.program_id(3)
-  where = _global_row_and_head(seed_ref)
 
   @pl.when(k_block == 0)
   def start():
@@ -229,8 +218,7 @@ def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, q_ids_ref, kv_ids_ref, o_ref,
     l_scratch[...] = alpha * l_prev + jnp.sum(p, axis=1)[:, None]
     m_scratch[...] = m_next
     if static.dropout_rate:
-      keep = _keep(seed_ref, where, q_start, k_start, p.shape, static, q_len, k_len)
-      p = jnp.where(keep, p, 0.0)
+      p = jnp.where(_keep(word_refs, block_k, static), p, 0.0)
     v_HxC = v_ref[0, 0]
     acc_scratch[...] = acc_scratch[...] * _lanes(alpha, head_dim) + lax.dot_general(
         p.astype(v_HxC.dtype), v_HxC, TRANS_B, preferred_element_type=jnp.float32)
@@ -243,25 +231,36 @@ def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, q_ids_ref, kv_ids_ref, o_ref,
     lse_ref[0, 0] = m_scratch[...] + jnp.log(l)
 
 
-def _segment_specs(block_q, block_k, q_index, k_index):
+def _segment_specs(block_q, block_k, q_index, k_index, static):
   """Segment ids as the kernels read them: a query's id across 128 lanes, a
-  key's down 8 sublanes."""
-  return (pl.BlockSpec((1, block_q, NUM_LANES), lambda *g: (g[0], q_index(*g), 0)),
-          pl.BlockSpec((1, NUM_SUBLANES, block_k), lambda *g: (g[0], 0, k_index(*g))))
+  key's down 8 sublanes; with dropout the row words of the queries and the
+  column words of the keys after them, held the same way."""
+  specs = [pl.BlockSpec((1, block_q, NUM_LANES), lambda *g: (g[0], q_index(*g), 0)),
+           pl.BlockSpec((1, NUM_SUBLANES, block_k), lambda *g: (g[0], 0, k_index(*g)))]
+  if static.dropout_rate:
+    specs += [pl.BlockSpec((1, block_q, NUM_LANES), lambda *g: (g[0], q_index(*g), 0)),
+              pl.BlockSpec((1, 1, NUM_SUBLANES, block_k),
+                           lambda *g: (g[0], g[1], 0, k_index(*g)))]
+  return specs
 
 
-def _segment_arrays(q_ids, kv_ids):
+def _segment_arrays(q_ids, kv_ids, words):
   b, q_len = q_ids.shape
   k_len = kv_ids.shape[1]
-  return (lax.broadcast_in_dim(q_ids, (b, q_len, NUM_LANES), (0, 1)),
-          lax.broadcast_in_dim(kv_ids, (b, NUM_SUBLANES, k_len), (0, 2)))
+  arrays = [lax.broadcast_in_dim(q_ids, (b, q_len, NUM_LANES), (0, 1)),
+            lax.broadcast_in_dim(kv_ids, (b, NUM_SUBLANES, k_len), (0, 2))]
+  if words:
+    rows, cols = words
+    arrays += [lax.broadcast_in_dim(rows, (b, q_len, NUM_LANES), (0, 1)),
+               lax.broadcast_in_dim(cols, (b, cols.shape[1], NUM_SUBLANES, k_len), (0, 1, 3))]
+  return arrays
 
 
 def _call(name, kernel, grid, in_specs, out_specs, out_shape, scratch, static, *args):
   return pl.pallas_call(
       kernel,
       grid_spec=pltpu.PrefetchScalarGridSpec(
-          num_scalar_prefetch=1, grid=grid, in_specs=in_specs, out_specs=out_specs,
+          num_scalar_prefetch=0, grid=grid, in_specs=in_specs, out_specs=out_specs,
           scratch_shapes=scratch),
       out_shape=out_shape,
       compiler_params=pltpu.CompilerParams(
@@ -271,17 +270,17 @@ def _call(name, kernel, grid, in_specs, out_specs, out_shape, scratch, static, *
   )(*args)
 
 
-def _forward(q, k, v, q_ids, kv_ids, seed, static):
+def _forward(q, k, v, q_ids, kv_ids, words, static):
   batch, heads, head_dim, q_len = q.shape
   k_len = k.shape[3]
   bq, bk = static.blocks.block_q, static.blocks.block_k
   grid = (batch, heads, q_len // bq, k_len // bk)
-  q_spec = pl.BlockSpec((1, 1, head_dim, bq), lambda b, n, i, j, _: (b, n, 0, i))
-  kv_spec = pl.BlockSpec((1, 1, head_dim, bk), lambda b, n, i, j, _: (b, n, 0, j))
-  out_spec = pl.BlockSpec((1, 1, bq, head_dim), lambda b, n, i, j, _: (b, n, i, 0))
-  lse_spec = pl.BlockSpec((1, 1, bq, NUM_LANES), lambda b, n, i, j, _: (b, n, i, 0))
-  segment_specs = _segment_specs(bq, bk, lambda b, n, i, j, _: i, lambda b, n, i, j, _: j)
-  kernel = functools.partial(_forward_kernel, static=static, q_len=q_len, k_len=k_len)
+  q_spec = pl.BlockSpec((1, 1, head_dim, bq), lambda b, n, i, j: (b, n, 0, i))
+  kv_spec = pl.BlockSpec((1, 1, head_dim, bk), lambda b, n, i, j: (b, n, 0, j))
+  out_spec = pl.BlockSpec((1, 1, bq, head_dim), lambda b, n, i, j: (b, n, i, 0))
+  lse_spec = pl.BlockSpec((1, 1, bq, NUM_LANES), lambda b, n, i, j: (b, n, i, 0))
+  segment_specs = _segment_specs(bq, bk, lambda b, n, i, j: i, lambda b, n, i, j: j, static)
+  kernel = functools.partial(_forward_kernel, static=static)
   out, lse = _call(
       "flash_dropout_forward", kernel, grid, [q_spec, kv_spec, kv_spec, *segment_specs],
       [out_spec, lse_spec],
@@ -289,14 +288,14 @@ def _forward(q, k, v, q_ids, kv_ids, seed, static):
        jax.ShapeDtypeStruct((batch, heads, q_len, NUM_LANES), jnp.float32)],
       [pltpu.VMEM((bq, NUM_LANES), jnp.float32), pltpu.VMEM((bq, NUM_LANES), jnp.float32),
        pltpu.VMEM((bq, head_dim), jnp.float32)],
-      static, seed, q, k, v, *_segment_arrays(q_ids, kv_ids))
+      static, q, k, v, *_segment_arrays(q_ids, kv_ids, words))
   return out, lse[..., 0]
 
 
 # Backward.
 
-def _block_gradients(seed_ref, where, q, k, v, d_out, lse, di, q_ids, kv_ids, q_start, k_start,
-                     static, q_len, k_len):
+def _block_gradients(word_refs, q, k, v, d_out, lse, di, q_ids, kv_ids, q_start, k_start,
+                     static):
   """(dropped probabilities, d logits) of a block, both [block_q, block_k] fp32;
   q, k and v are [H, block]."""
   s = _logits(q, k, q_ids, kv_ids, q_start, k_start, static)
@@ -305,7 +304,7 @@ def _block_gradients(seed_ref, where, q, k, v, d_out, lse, di, q_ids, kv_ids, q_
   dp = lax.dot(d_out, v, preferred_element_type=jnp.float32)
   dropped = p
   if static.dropout_rate:
-    keep = _keep(seed_ref, where, q_start, k_start, p.shape, static, q_len, k_len)
+    keep = _keep(word_refs, width, static)
     scale = _keep_scale(static)
     dropped = jnp.where(keep, p * scale, 0.0)
     dp = jnp.where(keep, dp * scale, 0.0)
@@ -313,15 +312,15 @@ def _block_gradients(seed_ref, where, q, k, v, d_out, lse, di, q_ids, kv_ids, q_
   return dropped, ds
 
 
-def _dkv_kernel(seed_ref, q_ref, k_ref, v_ref, q_ids_ref, kv_ids_ref, lse_ref, do_ref, di_ref,
-                *refs, static, q_len, k_len, with_dq):
+def _dkv_kernel(*refs, static, with_dq):
+  (q_ref, k_ref, v_ref, q_ids_ref, kv_ids_ref), word_refs, rest = _split_refs(refs, static, 5)
+  lse_ref, do_ref, di_ref, *rest = rest
   if with_dq:
-    dq_ref, dk_ref, dv_ref, dk_scratch, dv_scratch = refs
+    dq_ref, dk_ref, dv_ref, dk_scratch, dv_scratch = rest
   else:
-    dk_ref, dv_ref, dk_scratch, dv_scratch = refs
+    dk_ref, dv_ref, dk_scratch, dv_scratch = rest
   block_q, block_k = q_ref.shape[3], k_ref.shape[3]
   k_block, q_block = pl.program_id(2), pl.program_id(3)
-  where = _global_row_and_head(seed_ref)
 
   @pl.when(q_block == 0)
   def start():
@@ -335,8 +334,8 @@ def _dkv_kernel(seed_ref, q_ref, k_ref, v_ref, q_ids_ref, kv_ids_ref, lse_ref, d
   def accumulate():
     q, k, d_out = q_ref[0, 0], k_ref[0, 0], do_ref[0, 0]
     dropped, ds = _block_gradients(
-        seed_ref, where, q, k, v_ref[0, 0], d_out, lse_ref[0, 0], di_ref[0, 0], q_ids_ref[0],
-        kv_ids_ref[0, :1], q_block * block_q, k_block * block_k, static, q_len, k_len)
+        word_refs, q, k, v_ref[0, 0], d_out, lse_ref[0, 0], di_ref[0, 0], q_ids_ref[0],
+        kv_ids_ref[0, :1], q_block * block_q, k_block * block_k, static)
     # dk and dv positions-minor, [H, block_k], as k and v.
     dv_scratch[...] += lax.dot_general(d_out, dropped.astype(d_out.dtype), TRANS_A,
                                        preferred_element_type=jnp.float32)
@@ -355,39 +354,38 @@ def _lane_rows(x_BxNxQ):
   return jnp.broadcast_to(x_BxNxQ[..., None], (*x_BxNxQ.shape, NUM_LANES))
 
 
-def _backward(q, k, v, q_ids, kv_ids, seed, lse, d_out, di, static, *, with_dq):
+def _backward(q, k, v, q_ids, kv_ids, words, lse, d_out, di, static, *, with_dq):
   """dk and dv (and, with_dq, dq [B, N, Q, H]) over a grid whose last axis runs
   over the queries."""
   batch, heads, head_dim, q_len = q.shape
   k_len = k.shape[3]
   bq, bk = static.blocks.block_q_dkv, static.blocks.block_k_dkv
   grid = (batch, heads, k_len // bk, q_len // bq)
-  q_spec = pl.BlockSpec((1, 1, head_dim, bq), lambda b, n, j, i, _: (b, n, 0, i))
-  kv_spec = pl.BlockSpec((1, 1, head_dim, bk), lambda b, n, j, i, _: (b, n, 0, j))
-  rows_spec = pl.BlockSpec((1, 1, bq, head_dim), lambda b, n, j, i, _: (b, n, i, 0))
-  lanes_spec = pl.BlockSpec((1, 1, bq, NUM_LANES), lambda b, n, j, i, _: (b, n, i, 0))
-  segment_specs = _segment_specs(bq, bk, lambda b, n, j, i, _: i, lambda b, n, j, i, _: j)
+  q_spec = pl.BlockSpec((1, 1, head_dim, bq), lambda b, n, j, i: (b, n, 0, i))
+  kv_spec = pl.BlockSpec((1, 1, head_dim, bk), lambda b, n, j, i: (b, n, 0, j))
+  rows_spec = pl.BlockSpec((1, 1, bq, head_dim), lambda b, n, j, i: (b, n, i, 0))
+  lanes_spec = pl.BlockSpec((1, 1, bq, NUM_LANES), lambda b, n, j, i: (b, n, i, 0))
+  segment_specs = _segment_specs(bq, bk, lambda b, n, j, i: i, lambda b, n, j, i: j, static)
   out_specs = [kv_spec, kv_spec]
   out_shape = [jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)]
   if with_dq:
     out_specs.insert(0, rows_spec)
     out_shape.insert(0, jax.ShapeDtypeStruct((batch, heads, q_len, head_dim), q.dtype))
-  kernel = functools.partial(_dkv_kernel, static=static, q_len=q_len, k_len=k_len,
-                             with_dq=with_dq)
+  kernel = functools.partial(_dkv_kernel, static=static, with_dq=with_dq)
   return _call(
       "flash_dropout_dkv", kernel, grid,
       [q_spec, kv_spec, kv_spec, *segment_specs, lanes_spec, rows_spec, lanes_spec],
       out_specs, out_shape,
       [pltpu.VMEM((head_dim, bk), jnp.float32), pltpu.VMEM((head_dim, bk), jnp.float32)],
-      static, seed, q, k, v, *_segment_arrays(q_ids, kv_ids), _lane_rows(lse), d_out,
+      static, q, k, v, *_segment_arrays(q_ids, kv_ids, words), _lane_rows(lse), d_out,
       _lane_rows(di))
 
 
-def _dq_kernel(seed_ref, q_ref, k_ref, v_ref, q_ids_ref, kv_ids_ref, lse_ref, do_ref, di_ref,
-               dq_ref, dq_scratch, *, static, q_len, k_len):
+def _dq_kernel(*refs, static):
+  (q_ref, k_ref, v_ref, q_ids_ref, kv_ids_ref), word_refs, rest = _split_refs(refs, static, 5)
+  lse_ref, do_ref, di_ref, dq_ref, dq_scratch = rest
   block_q, block_k = q_ref.shape[3], k_ref.shape[3]
   q_block, k_block = pl.program_id(2), pl.program_id(3)
-  where = _global_row_and_head(seed_ref)
 
   @pl.when(k_block == 0)
   def start():
@@ -400,9 +398,8 @@ def _dq_kernel(seed_ref, q_ref, k_ref, v_ref, q_ids_ref, kv_ids_ref, lse_ref, do
   def accumulate():
     k = k_ref[0, 0]
     _, ds = _block_gradients(
-        seed_ref, where, q_ref[0, 0], k, v_ref[0, 0], do_ref[0, 0], lse_ref[0, 0], di_ref[0, 0],
-        q_ids_ref[0], kv_ids_ref[0, :1], q_block * block_q, k_block * block_k, static,
-        q_len, k_len)
+        word_refs, q_ref[0, 0], k, v_ref[0, 0], do_ref[0, 0], lse_ref[0, 0], di_ref[0, 0],
+        q_ids_ref[0], kv_ids_ref[0, :1], q_block * block_q, k_block * block_k, static)
     dq_scratch[...] += lax.dot_general(ds.astype(k.dtype), k, TRANS_B,
                                        preferred_element_type=jnp.float32)
 
@@ -411,22 +408,22 @@ def _dq_kernel(seed_ref, q_ref, k_ref, v_ref, q_ids_ref, kv_ids_ref, lse_ref, do
     dq_ref[0, 0] = dq_scratch[...].astype(dq_ref.dtype)
 
 
-def _backward_dq(q, k, v, q_ids, kv_ids, seed, lse, d_out, di, static):
+def _backward_dq(q, k, v, q_ids, kv_ids, words, lse, d_out, di, static):
   """dq [B, N, Q, H] over a grid whose last axis runs over the keys (several key blocks)."""
   batch, heads, head_dim, q_len = q.shape
   k_len = k.shape[3]
   bq, bk = static.blocks.block_q_dq, static.blocks.block_k_dq
   grid = (batch, heads, q_len // bq, k_len // bk)
-  q_spec = pl.BlockSpec((1, 1, head_dim, bq), lambda b, n, i, j, _: (b, n, 0, i))
-  kv_spec = pl.BlockSpec((1, 1, head_dim, bk), lambda b, n, i, j, _: (b, n, 0, j))
-  rows_spec = pl.BlockSpec((1, 1, bq, head_dim), lambda b, n, i, j, _: (b, n, i, 0))
-  lanes_spec = pl.BlockSpec((1, 1, bq, NUM_LANES), lambda b, n, i, j, _: (b, n, i, 0))
-  segment_specs = _segment_specs(bq, bk, lambda b, n, i, j, _: i, lambda b, n, i, j, _: j)
-  kernel = functools.partial(_dq_kernel, static=static, q_len=q_len, k_len=k_len)
+  q_spec = pl.BlockSpec((1, 1, head_dim, bq), lambda b, n, i, j: (b, n, 0, i))
+  kv_spec = pl.BlockSpec((1, 1, head_dim, bk), lambda b, n, i, j: (b, n, 0, j))
+  rows_spec = pl.BlockSpec((1, 1, bq, head_dim), lambda b, n, i, j: (b, n, i, 0))
+  lanes_spec = pl.BlockSpec((1, 1, bq, NUM_LANES), lambda b, n, i, j: (b, n, i, 0))
+  segment_specs = _segment_specs(bq, bk, lambda b, n, i, j: i, lambda b, n, i, j: j, static)
+  kernel = functools.partial(_dq_kernel, static=static)
   return _call(
       "flash_dropout_dq", kernel, grid,
       [q_spec, kv_spec, kv_spec, *segment_specs, lanes_spec, rows_spec, lanes_spec], rows_spec,
       jax.ShapeDtypeStruct((batch, heads, q_len, head_dim), q.dtype),
       [pltpu.VMEM((bq, head_dim), jnp.float32)],
-      static, seed, q, k, v, *_segment_arrays(q_ids, kv_ids), _lane_rows(lse), d_out,
+      static, q, k, v, *_segment_arrays(q_ids, kv_ids, words), _lane_rows(lse), d_out,
       _lane_rows(di))

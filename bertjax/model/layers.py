@@ -372,6 +372,18 @@ def _parameters_recomputed(policy, stacked):
   return saveable
 
 
+def _kernels_in_compute_dtype(c: BertConfig, stacked):
+  """The stack's matrices ([L, ...] of 3 or more axes) cast to the compute dtype
+  once, before the loops: each Dense casts its kernel to that dtype anyway
+  (the same values), but a cast inside the loop is a cast of the whole stack
+  hoisted out of it, which the backward loop makes again. Biases and
+  LayerNorm parameters stay as they are."""
+  dtype = jnp.dtype(c.compute_dtype)
+  cast = lambda a: (a.astype(dtype) if a.ndim >= 3 and jnp.issubdtype(a.dtype, jnp.floating)
+                    and a.dtype != dtype else a)
+  return jax.tree.map(cast, stacked)
+
+
 def run_stack(c: BertConfig, deterministic: bool, stacked, x_BxLxD, mask_BxL,
               positions_BxQ, rng, all_layers: bool = False):
   """The scanned encoder's layers over stacked parameters ([L, ...] each).
@@ -387,6 +399,7 @@ def run_stack(c: BertConfig, deterministic: bool, stacked, x_BxLxD, mask_BxL,
   """
   layer = TransformerLayer(c, deterministic, parent=None)
   policy = REMAT.get(c.remat_policy, jax.checkpoint_policies.everything_saveable)
+  stacked = _kernels_in_compute_dtype(c, stacked)
 
   def run_layer(params, x_BxLxD, i, positions=None):
     rngs = None if rng is None else {"dropout": jax.random.fold_in(rng, i)}

@@ -181,7 +181,7 @@ def _log_summary(summary):
                t["step_seconds"], 100 * t["goodput"], t["checkpoint_seconds"],
                t["eval_seconds"])
   if summary["skipped_steps"]:
-    logging.info("  %d steps were skipped for a non-finite loss, gradient or update.",
+    logging.info("  %d steps were skipped for a non-finite loss or gradient.",
                  summary["skipped_steps"])
   if summary.get("data"):
     logging.info("  input (all hosts): %s", "  ".join(

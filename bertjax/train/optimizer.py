@@ -162,6 +162,9 @@ def freeze(tx: optax.GradientTransformation, frozen: Sequence[str]
     return tx.init(trained(params))
 
   def update_fn(updates, state, params=None, **extra_args):
+    # The step's gradient norm covers the frozen parameters too: clipping
+    # takes its own over the trained ones.
+    extra_args.pop("grad_norm", None)
     inner, state = optax.with_extra_args_support(tx).update(
         trained(updates), state, trained(params), **extra_args)
     return {k: jax.tree.map(jnp.zeros_like, v) if k in frozen else inner[k]
@@ -172,8 +175,7 @@ def freeze(tx: optax.GradientTransformation, frozen: Sequence[str]
 
 def _optimizer_chain(opt_config, schedule: optax.Schedule) -> optax.GradientTransformation:
   name = opt_config.name
-  clip = ([optax.clip_by_global_norm(opt_config.clip_norm)]
-          if opt_config.clip_norm > 0 else [])
+  clip = [clip_by_global_norm(opt_config.clip_norm)] if opt_config.clip_norm > 0 else []
   if name == "adamw":
     if opt_config.bias_correction:
       adam = optax.scale_by_adam(b1=opt_config.b1, b2=opt_config.b2, eps=opt_config.eps)
@@ -187,6 +189,27 @@ def _optimizer_chain(opt_config, schedule: optax.Schedule) -> optax.GradientTran
   else:
     raise ValueError(f"optimizer.name: {name!r} is not one of 'adamw', 'lamb'")
   return optax.chain(*clip, *core, scale_by_schedule_at_step(schedule))
+
+
+def clip_by_global_norm(max_norm: float) -> optax.GradientTransformationExtraArgs:
+  """optax.clip_by_global_norm, reading the gradient's norm from the train step
+  (`grad_norm=`, tx.update's extra argument) where it has taken it, so the
+  norm is computed once a step; without it, it takes the norm itself. The
+  same arithmetic as optax's: t where the norm is below max_norm, else
+  t / norm * max_norm."""
+  def init_fn(params):
+    del params
+    return optax.EmptyState()
+
+  def update_fn(updates, state, params=None, *, grad_norm=None, **extra_args):
+    del params, extra_args
+    norm = optax.tree.norm(updates) if grad_norm is None else grad_norm
+    trigger = jnp.squeeze(norm < max_norm)
+    updates = jax.tree.map(
+        lambda t: jax.lax.select(trigger, t, (t / norm.astype(t.dtype)) * max_norm), updates)
+    return updates, state
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 def scale_by_schedule_at_step(schedule: optax.Schedule

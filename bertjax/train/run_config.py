@@ -12,7 +12,7 @@ import ml_collections
 
 from bertjax.input import packing as packing_lib
 from bertjax.model import attention
-from bertjax.model.config import BertConfig
+from bertjax.model.config import REMAT_POLICIES, BertConfig
 from bertjax.records import schema
 from bertjax.records.schema import OBJECTIVES
 from bertjax.train import sharding as sharding_lib
@@ -35,7 +35,8 @@ _GROUPS = {
                 "profile_steps"},
 }
 _PHASE_FIELDS = {"fraction", "max_seq_length", "max_predictions_per_seq",
-                 "global_batch_size", "train_files", "eval_files", "warmup_steps"}
+                 "global_batch_size", "train_files", "eval_files", "warmup_steps",
+                 "remat_policy"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,10 +52,15 @@ class Phase:
   train_files: str
   eval_files: str
   warmup_steps: int
+  remat_policy: str = ""  # This phase's model.remat_policy; "": the model's.
 
   @property
   def num_steps(self) -> int:
     return self.end - self.start
+
+  def model_config(self, model: BertConfig) -> BertConfig:
+    """The model config this phase trains with: its own remat_policy, if any."""
+    return model.replace(remat_policy=self.remat_policy) if self.remat_policy else model
 
 
 class ConfigError(ValueError):
@@ -98,9 +104,13 @@ def phases(config: ml_collections.ConfigDict) -> list[Phase]:
     p = config.phases[n]
     if bounds[i + 1] <= bounds[i]:
       _fail(f"phases.{n}.fraction", f"gives no steps of total_steps={config.total_steps}")
+    remat = p.get("remat_policy", "")
+    if remat and remat not in REMAT_POLICIES:
+      _fail(f"phases.{n}.remat_policy", f"{remat!r} is not one of {REMAT_POLICIES} (or "
+            "empty: model.remat_policy)")
     out.append(Phase(n, i, bounds[i], bounds[i + 1], int(p.max_seq_length),
                      int(p.max_predictions_per_seq), int(p.global_batch_size),
-                     p.train_files, p.eval_files, int(p.warmup_steps)))
+                     p.train_files, p.eval_files, int(p.warmup_steps), remat))
   return out
 
 
@@ -245,7 +255,7 @@ def validate(config: ml_collections.ConfigDict, *, num_devices: Optional[int] = 
   """Raises ConfigError naming the field; returns the model config.
 
   `compile_only`: the steps are compiled for the batches' shapes but fed no
-  records (bertjax.benchmarks.step_bench), so packing needs no record source.
+  records (the fit check, bertjax.fit), so packing needs no record source.
 
   `num_devices` (in `num_slices` slices) resolves a -1 in config.mesh;
   without it the checks that need the mesh's sizes take only the sizes the

@@ -188,29 +188,32 @@ def _weight_totals(batch: Batch, objective: str):
 
 def apply_gradients(state: TrainState, grads, metrics: dict[str, jax.Array]
                     ) -> tuple[TrainState, dict[str, Any]]:
-  """The optimizer update, skipped where the loss, gradient or new parameters are not finite.
+  """The optimizer update, skipped where the loss or the gradient is not finite.
 
-  Adds grad_norm, param_norm (of the parameters kept) and `finite` to
-  `metrics`. A step whose metrics["loss"], gradient norm or updated
-  parameters' norm is not finite keeps the parameters and optimizer state
-  (Adam's moments and count) as they were; the step number moves on, and
-  with it the learning rate, which the optimizer reads from the step
-  (optimizer.scale_by_schedule_at_step). Finite parameters therefore stay
-  finite. The loops count such steps and stop at the one that makes too
-  many in a row (StepMetrics).
+  Adds grad_norm, param_norm (of the parameters after the step) and `finite`
+  to `metrics`. The gradient's global norm is taken once: it is the metric,
+  the non-finite test and the clipping's norm (the optimizer reads it,
+  optimizer.clip_by_global_norm). A step whose metrics["loss"] or gradient
+  norm is not finite keeps the parameters and optimizer state (Adam's
+  moments and count) as they were: the test is known before the update, so
+  the choice between new and old values happens inside the passes that
+  compute the new ones, and a good step writes its state once. The step
+  number moves on, and with it the learning rate, which the optimizer reads
+  from the step (optimizer.scale_by_schedule_at_step). `finite` says whether
+  the update was applied. Where an applied update itself made the parameters
+  non-finite (a finite gradient at an absurd learning rate), param_norm
+  shows it and StepMetrics stops the run at that step: its parameters are
+  lost, and the run resumes from its latest checkpoint.
   """
+  grad_norm = optax.tree.norm(grads)
+  ok = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
   updates, opt_state = state.tx.update(grads, state.opt_state, state.params,
-                                       step=state.step)
-  params = optax.apply_updates(state.params, updates)
-  metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
-  new_norm = optax.tree.norm(params)
-  finite = (jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
-            & jnp.isfinite(new_norm))
-  keep = lambda new, old: jnp.where(finite, new, old)
-  params = jax.tree.map(keep, params, state.params)
+                                       step=state.step, grad_norm=grad_norm)
+  keep = lambda new, old: jnp.where(ok, new, old)
+  params = jax.tree.map(keep, optax.apply_updates(state.params, updates), state.params)
   opt_state = jax.tree.map(keep, opt_state, state.opt_state)
-  metrics["finite"] = finite
-  metrics["param_norm"] = jnp.where(finite, new_norm, optax.tree.norm(state.params))
+  param_norm = optax.tree.norm(params)
+  metrics = dict(metrics, grad_norm=grad_norm, param_norm=param_norm, finite=ok)
   new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
   return new_state, metrics
 

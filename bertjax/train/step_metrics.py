@@ -86,6 +86,11 @@ class StepMetrics:
     for i, ((step, _), m) in enumerate(zip(pending, host)):
       if "param_norm" in m:
         self._param_norm = float(m["param_norm"])
+        if bool(m["finite"]) and not math.isfinite(self._param_norm):
+          raise NonFiniteError(
+              f"the update of step {step} made the parameters non-finite (param_norm "
+              f"{self._param_norm}) from a finite loss and gradient: they are lost, and "
+              f"nothing after the latest checkpoint is saved. {self._advice}".rstrip())
       self._window.append(m)
       if i >= counted:
         self._count(step, bool(m["finite"]))
@@ -100,7 +105,7 @@ class StepMetrics:
     self.in_a_row += 1
     if self.in_a_row >= self._max_in_a_row:
       raise NonFiniteError(self._stop_message(step))
-    logging.warning("Step %d: non-finite loss, gradient or updated parameters; its update "
+    logging.warning("Step %d: non-finite loss or gradient; its update "
                     "was skipped (%d in a row, %d in all; --config.%s=%d in a row stop "
                     "the run).", step, self.in_a_row, self.skipped, NONFINITE_FIELD,
                     self._max_in_a_row)
@@ -110,15 +115,17 @@ class StepMetrics:
     steps, skipped = ((f"at step {step}", "its update was") if first == step else
                       (f"in {self.in_a_row} steps in a row, {first}-{step}",
                        "their updates were"))
-    return (f"non-finite loss, gradient or updated parameters {steps} "
+    return (f"non-finite loss or gradient {steps} "
             f"(--config.{NONFINITE_FIELD}={self._max_in_a_row}); {skipped} skipped, so "
             f"the parameters are those of step {first - 1}. {self._advice}").rstrip()
 
   def drain_for_save(self, step: int):
     """Drains; raises NonFiniteError if the parameters of `step` are not finite.
 
-    The train step never keeps non-finite parameters that were finite, so
-    this refuses only a state that started non-finite (e.g. loaded weights).
+    The train step keeps the parameters of a step with a non-finite loss or
+    gradient, and drain stops the run at an update that made them
+    non-finite, so this refuses a state that started non-finite (e.g. loaded
+    weights).
     """
     self.drain()
     if self._param_norm is not None and not math.isfinite(self._param_norm):

@@ -21,6 +21,7 @@ from jax.experimental import multihost_utils
 
 from bertjax.input import device as device_lib
 from bertjax.input import evaluation
+from bertjax.model.bert import BertForPreTraining
 from bertjax.model.config import BertConfig
 from bertjax.train import checkpoint as ckpt_lib
 from bertjax.train import evaluate as eval_lib
@@ -87,6 +88,12 @@ class Trainer:
         skipped=nonfinite.get("skipped_steps", 0),
         in_a_row=nonfinite.get("nonfinite_in_a_row", 0))
     self._batch_sharding = sharding_lib.batch_sharding(run.mesh)
+    self._jit_steps(shardings)
+
+  def _jit_steps(self, shardings):
+    """The jitted train and eval steps for the state's model (`shardings` carries it)."""
+    run = self.run
+    self._shardings = shardings
     self._p_train = step_lib.jit_train_step(
         shardings, run.mesh, objective=run.config.objective,
         grad_accum_steps=run.config.optimizer.grad_accum_steps)
@@ -95,6 +102,13 @@ class Trainer:
                                          vocab_size=run.model_config.vocab_size,
                                          objective=run.config.objective)
 
+  def _use_model_of(self, phase: run_config.Phase):
+    """The phase's model (its own remat policy, if any; the same parameters)."""
+    apply_fn = BertForPreTraining(phase.model_config(self.run.model_config)).apply
+    if apply_fn != self.state.apply_fn:
+      self.state = self.state.replace(apply_fn=apply_fn)
+      self._jit_steps(self._shardings.replace(apply_fn=apply_fn))
+
   def run_phase(self, phase: run_config.Phase) -> bool:
     """Trains to the phase's end; False when stopped (and saved) for a preemption."""
     config = self.run.config
@@ -102,6 +116,7 @@ class Trainer:
                  phase.name, phase.start, phase.end, phase.max_seq_length,
                  phase.max_predictions_per_seq, phase.global_batch_size)
     source = self.run.make_source(config, phase, self.run.model_config)
+    self._use_model_of(phase)
     batches = device_lib.prefetch_to_device(source.iterate(self.step - phase.start),
                                             self._batch_sharding, config.data.prefetch)
     self.logger.start_window(self.step)
