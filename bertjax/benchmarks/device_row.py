@@ -9,9 +9,9 @@ overruns the suite's budget takes only itself down. It writes the row's
 result as JSON to the spec's `result` path: status "ok" and its figures, or
 status "failed" and the error.
 
-The step is bertjax.benchmarks.step_bench's (aot.build, the synthetic batch, the jitted
-train step), timed one step at a time (each step waited for, so that the
-median and range are per step). Before it runs, XLA's memory analysis of
+The step is bertjax.benchmarks.step_bench's (bertjax/train/step_setup.py's build,
+the synthetic batch, the jitted train step), timed one step at a time (each
+step waited for, so that the median and range are per step). Before it runs, XLA's memory analysis of
 the compiled step is compared with what the device lets a program use; a
 step that needs more is compiled again with the global batch split into
 gradient-accumulation micro-batches, as few as the analysis predicts fit
@@ -24,12 +24,19 @@ same examples packed into global_batch / packing_factor rows (first-fit
 decreasing, as the input pipeline packs). With `profile`, a few more steps
 run under jax.profiler and bertjax/benchmarks/trace_summary.py splits their
 time into categories.
+
+The row reports its phases (build, compile, steps, profile) for the suite's
+time boxes (bertjax/benchmarks/row_process.py) and writes its result so far
+after each part it measures. Its result also holds what the suite needs
+beside the figures: the model FLOPs of one sequence (bertjax's analytic
+count, which the suite also uses for the peer's MFU), the model fields that
+the suite's variants change, and what each model.attention_impl resolves to
+for this row on this device (or why it cannot run here).
 """
 
-import ast
+import functools
 import glob
 import gzip
-import importlib.util
 import json
 import os
 import shutil
@@ -42,7 +49,7 @@ import traceback
 import jax
 import numpy as np
 
-from bertjax.benchmarks import aot
+from bertjax.benchmarks import row_process
 from bertjax.benchmarks import trace_summary
 from bertjax.input import device as device_lib
 from bertjax.input import packing as packing_lib
@@ -56,42 +63,11 @@ from bertjax.train import run_config
 from bertjax.train import sharding as sharding_lib
 from bertjax.train import state as state_lib
 from bertjax.train import step as step_lib
+from bertjax.train import step_setup
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MAX_TRACE_BYTES = 15 * 2**20  # Under the 16 MiB a device run hands back per file.
+# The suite hands back every profiled row's trace in one file of at most 16 MiB.
+MAX_TRACE_BYTES = 7 * 2**20
 FIT_HEADROOM = 0.95  # Share of the device's limit that an accumulation is chosen to fill.
-
-
-def load_config(path: str, overrides: dict):
-  """The run config of a config file (relative to the repository) with
-  dotted-field overrides ({"model.num_layers": 2}); a string value is read as
-  a Python literal where it is one."""
-  full = path if os.path.isabs(path) else os.path.join(REPO, path)
-  spec = importlib.util.spec_from_file_location("suite_config", full)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  config = module.get_config()
-  for field, value in overrides.items():
-    *parents, leaf = field.split(".")
-    node = config
-    for name in parents:
-      node = node[name]
-    if leaf not in node:
-      raise KeyError(f"--set={field}=...: {path} has no field {field}")
-    if isinstance(value, str):
-      try:
-        value = ast.literal_eval(value)
-      except (ValueError, SyntaxError):
-        pass
-    node[leaf] = value
-  return config
-
-
-def needed_bytes(mem) -> int:
-  """What a compiled program needs on its device, by XLA's memory analysis
-  (as aot.device_memory_problem counts it)."""
-  return (mem.argument_size_in_bytes + mem.temp_size_in_bytes + mem.output_size_in_bytes
-          - mem.alias_size_in_bytes)
 
 
 def next_accumulation(needed: int, argument_bytes: int, bytes_limit: int, accum: int,
@@ -123,7 +99,7 @@ def fit_accumulation(compile_at, *, rows_per_device: int, bytes_limit: int | Non
   while True:
     compiled = compile_at(accum)
     mem = compiled.memory_analysis()
-    needed = needed_bytes(mem)
+    needed = step_setup.needed_bytes(mem)
     tries.append({"grad_accum_steps": accum, "needed_gib": needed / 2**30})
     if not bytes_limit or needed <= bytes_limit:
       return compiled, accum, tries
@@ -131,9 +107,9 @@ def fit_accumulation(compile_at, *, rows_per_device: int, bytes_limit: int | Non
                             rows_per_device)
     if nxt is None or len(tries) >= max_compiles:
       raise DoesNotFit(
-          f"needs {aot.gib(needed)} at grad_accum_steps={accum} where the device lets a "
-          f"program use {aot.gib(bytes_limit)} (tried {tries}); no accumulation of the "
-          f"{rows_per_device} rows per device is predicted to fit")
+          f"needs {step_setup.gib(needed)} at grad_accum_steps={accum} where the device "
+          f"lets a program use {step_setup.gib(bytes_limit)} (tried {tries}); no "
+          f"accumulation of the {rows_per_device} rows per device is predicted to fit")
     accum = nxt
 
 
@@ -234,9 +210,11 @@ def _batch_slots(batch: dict) -> tuple[int, int, int, int]:
   return rows, length, batch["masked_lm_positions"].shape[1], 1 if nsp.ndim == 1 else nsp.shape[1]
 
 
-def measure(setup: dict, batch_np: dict, spec: dict, *, profile: bool, prefix: str) -> dict:
+def measure(setup: dict, batch_np: dict, spec: dict, phases: row_process.Phases, *,
+            profile: bool, prefix: str, part: str = "", save=None) -> dict:
   """Figures of the train step on one batch: compiled (fitted to the device's
-  memory), timed and optionally profiled; setup["state"] moves on with the steps."""
+  memory), timed and optionally profiled; setup["state"] moves on with the steps.
+  `save(measured)`, where given, is called with the figures before the profile."""
   mesh, devices = setup["mesh"], setup["devices"]
   batch = device_lib.to_global(batch_np, sharding_lib.batch_sharding(mesh))
   rng = jax.random.key(1)
@@ -250,21 +228,27 @@ def measure(setup: dict, batch_np: dict, spec: dict, *, profile: bool, prefix: s
 
   out = {}
   with sharding_lib.mesh_context(mesh, setup["rules"]):
+    phases.enter("compile", part)
     t0 = time.perf_counter()
     step, accum, out["fit_tries"] = fit_accumulation(
         compile_at, rows_per_device=len(batch_np["input_ids"]) // sharding_lib.data_parallel_size(
             mesh), bytes_limit=limit, start=setup["config"].optimizer.grad_accum_steps)
     out["compile_s"] = time.perf_counter() - t0
+    phases.enter("steps", part)
     setup["state"], seconds = time_steps(step, setup["state"], batch, rng, spec["warmup"],
                                          spec["steps"])
-    left = spec["deadline"] - time.time()
+    out.update(figures(setup, batch_np, spec, step, seconds, accum, limit))
+    if save:
+      save(out)
+    left = phases.left()
     if profile and left < 30 + 3 * spec["profile_steps"] * statistics.median(seconds):
-      out["profile_skipped"] = f"{left:.0f} s of the budget left"
+      out["profile_skipped"] = f"{left:.0f} s left of the steps time box or the budget"
     elif profile:
+      phases.enter("profile", part)
       setup["state"], traced = profile_steps(step, setup["state"], batch, rng,
                                              spec["profile_steps"], prefix)
       out.update(traced)
-  return {**out, **figures(setup, batch_np, spec, step, seconds, accum, limit)}
+  return out
 
 
 def figures(setup: dict, batch_np: dict, spec: dict, step, seconds: list[float], accum: int,
@@ -281,10 +265,12 @@ def figures(setup: dict, batch_np: dict, spec: dict, step, seconds: list[float],
       model_config=model_config, seq_len=length, num_predictions=predictions,
       global_batch_size=rows, compiled_step_flops=profiling.whole_step_flops(step),
       grad_accum_steps=accum, num_examples=examples_per_row)
-  kernel, reason = attention.choose(
-      model_config.attention_impl, attention_dropout_rate=model_config.attention_dropout_rate,
-      dtype=model_config.dtype, platform=devices[0].platform, seq_len=length,
-      deterministic=False, packed="packed_example_ids" in batch_np)
+  choices = attention_choices(model_config, devices[0].platform, length,
+                              packed="packed_example_ids" in batch_np)
+  own = choices[model_config.attention_impl]
+  if "error" in own:
+    raise ValueError(own["error"])
+  kernel, reason = own["kernel"], own["reason"]
   mem = step.memory_analysis()
   stats = devices[0].memory_stats() or {}
   return {
@@ -295,18 +281,47 @@ def figures(setup: dict, batch_np: dict, spec: dict, step, seconds: list[float],
       "sequences_per_s": examples / median, "rows_per_s": rows / median,
       "real_tokens_per_s": real / median, "token_slots_per_s": rows * length / median,
       "mfu": util.get("mfu"), "hfu": util.get("hfu"), "peak_tflops": peak,
+      "model_flops_per_sequence": flops.train_flops_per_sequence(
+          model_config, length, predictions, examples_per_row),
       "attention_impl": model_config.attention_impl, "attention_kernel": kernel,
-      "attention_reason": reason,
-      "memory_gib": {"needed": needed_bytes(mem) / 2**30,
+      "attention_reason": reason, "attention_choices": choices,
+      "memory_gib": {"needed": step_setup.needed_bytes(mem) / 2**30,
                      "arguments": mem.argument_size_in_bytes / 2**30,
                      "temporaries": mem.temp_size_in_bytes / 2**30,
                      "limit": limit / 2**30 if limit else None,
                      "peak_in_use": stats.get("peak_bytes_in_use", 0) / 2**30 or None}}
 
 
-def run_row(spec: dict) -> dict:
-  """A row's figures (see the module docstring)."""
-  config = load_config(spec["config"], spec["overrides"])
+def attention_choices(model_config, platform: str, seq_len: int, packed: bool) -> dict:
+  """{impl: {"kernel", "reason"}, or {"error"} where it cannot train this row here}
+  for every model.attention_impl, the row's other fields as they are."""
+  out = {}
+  for impl in attention.IMPLS:
+    try:
+      kernel, reason = attention.choose(
+          impl, attention_dropout_rate=model_config.attention_dropout_rate,
+          dtype=model_config.dtype, platform=platform, seq_len=seq_len, deterministic=False,
+          packed=packed)
+      out[impl] = {"kernel": kernel, "reason": reason}
+    except ValueError as e:
+      out[impl] = {"error": str(e)}
+  return out
+
+
+def _save_part(spec: dict, result: dict, name: str, measured: dict):
+  row_process.write_json(spec["result"], {**result, name: measured})
+
+
+# The model fields that the suite's variants change, as this row has them.
+VARIANT_FIELDS = ("hidden_dropout_rate", "attention_dropout_rate", "remat_policy",
+                  "scan_layers", "attention_impl")
+
+
+def run_row(spec: dict, phases: row_process.Phases) -> dict:
+  """A row's figures (see the module docstring); its result so far is written
+  to spec["result"] after each part."""
+  phases.enter("build")
+  config = row_process.load_config(spec["config"], spec["overrides"])
   phase_cfg = config.phases[spec["phase"]]
   phase_cfg.global_batch_size = spec["batch"]
   factor = float(spec.get("packing_factor") or 0)
@@ -315,48 +330,41 @@ def run_row(spec: dict) -> dict:
   devices = jax.devices()
   # compile_only: the suite makes its own packed batches (packed_pair), where
   # the pipeline would pack records read from files.
-  model_config, phase, mesh, rules, model, tx = aot.build(
+  model_config, phase, mesh, rules, model, tx = step_setup.build(
       config, devices, phase_name=spec["phase"], compile_only=bool(factor))
   state, shardings = state_lib.create_train_state(model, tx, mesh, rules, jax.random.key(0))
   setup = dict(config=config, phase=phase, model_config=model_config, mesh=mesh, rules=rules,
                devices=devices, state=state, shardings=shardings)
-  result = {"device_kind": devices[0].device_kind, "platform": devices[0].platform,
-            "devices": len(devices), "jax_version": jax.__version__,
+  result = {"status": "running", "device_kind": devices[0].device_kind,
+            "platform": devices[0].platform, "devices": len(devices),
+            "jax_version": jax.__version__,
             "parameters": sum(x.size for x in jax.tree.leaves(state.params)),
-            "dtype": model_config.dtype, "remat_policy": model_config.remat_policy}
+            "dtype": model_config.dtype, "remat_policy": model_config.remat_policy,
+            "model": {f: getattr(model_config, f) for f in VARIANT_FIELDS}}
   if not factor:
     source = SyntheticSource(phase.global_batch_size, max_seq_length=phase.max_seq_length,
                              max_predictions_per_seq=phase.max_predictions_per_seq,
                              vocab_size=model_config.vocab_size, seed=0)
-    return {**result, **measure(setup, source.batch(0), spec, profile=spec["profile"],
-                                prefix=spec["trace_prefix"])}
+    def save(measured):
+      row_process.write_json(spec["result"], {**result, **measured})
+    return {**result, **measure(setup, source.batch(0), spec, phases, profile=spec["profile"],
+                                prefix=spec["trace_prefix"], save=save)}
   unpacked, packed, left_out = packed_pair(config, phase, model_config.vocab_size)
   result["packing"] = {"factor": factor, "examples_left_out": left_out,
                        "real_token_share": {
                            "unpacked": packing_lib.real_token_share(unpacked),
                            "packed": packing_lib.real_token_share(packed)}}
+  result["parts"] = ["unpacked", "packed"]
   for name, batch in (("unpacked", unpacked), ("packed", packed)):
-    result[name] = measure(setup, batch, spec, profile=False, prefix="")
+    result[name] = measure(setup, batch, spec, phases, profile=False, prefix="", part=name,
+                           save=functools.partial(_save_part, spec, result, name))
   result["packed_over_unpacked"] = (result["packed"]["real_tokens_per_s"]
                                     / result["unpacked"]["real_tokens_per_s"])
   return result
 
 
 def main(argv):
-  if len(argv) != 2:
-    raise SystemExit(f"usage: python -m bertjax.benchmarks.device_row SPEC.json, got {argv[1:]}")
-  with open(argv[1], encoding="utf-8") as f:
-    spec = json.load(f)
-  try:
-    result = {"status": "ok", **run_row(spec)}
-  except Exception as e:  # pylint: disable=broad-except
-    traceback.print_exc()
-    first = str(e).strip().splitlines()
-    result = {"status": "failed",
-              "error": f"{type(e).__name__}: {first[0] if first else ''}"[:2000],
-              "error_text": str(e)[:20000]}
-  with open(spec["result"], "w", encoding="utf-8") as f:
-    json.dump(result, f, indent=1, default=float)
+  row_process.row_main(argv, run_row)
 
 
 if __name__ == "__main__":

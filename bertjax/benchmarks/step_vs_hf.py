@@ -11,8 +11,9 @@ parameters and optimizer state donated. bertjax's side is its own train step
 (configs/base.py with these sizes; README "Train-step speed"): the masked-LM
 head only at the masked positions, the last layer only at [CLS] and the
 masked positions, the tied decoder's written-out gradient (its bias's summed
-pairwise on CPU), one max for loss and accuracy, dropout masks as one fused
-pass of threefry hashes, GELU, LayerNorm, dropout and attention gradients
+pairwise on CPU), one max for loss and accuracy, dropout masks as products
+of row and column words (a threefry hash per row and per column), GELU,
+LayerNorm, dropout and attention gradients
 that keep less for the backward pass, scanned layers, the vocab padded to a
 multiple of 128. The transformers side is the stock model, whose
 head computes logits at every position; the loss takes the masked positions
