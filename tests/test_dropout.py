@@ -39,16 +39,21 @@ def test_threefry_written_out_is_jax_primitive_bit_for_bit():
 
 
 def test_keep_mask_is_the_documented_product():
-  """Row i (flat over the leading axes) takes threefry2x32(key, (0, i))'s first
-  word, column j threefry2x32(key, (1, j))'s, both odd; element (i, j) is kept
-  unless their wrapped product, as int32, is below -2^31 + 2 round(rate 2^31)."""
+  """Row (b, i) (b the first axis, i the flat index over the middle axes) takes
+  threefry2x32(key, (b, i))'s first word, column j threefry2x32(key,
+  (2^32 - 1, j))'s, both odd; element (b, i, j) is kept unless their wrapped
+  product, as int32, is below -2^31 + 2 round(rate 2^31)."""
   key = jax.random.key(3)
   shape, rate = (3, 5, 6, 10), 0.3
-  rows = _threefry(key, np.zeros(90), np.arange(90), 0).reshape(3, 5, 6, 1)
-  cols = _threefry(key, np.ones(10), np.arange(10), 0)
+  b = np.repeat(np.arange(3), 30)
+  rows = _threefry(key, b, np.tile(np.arange(30), 3), 0).reshape(3, 5, 6, 1)
+  cols = _threefry(key, np.full(10, 2**32 - 1), np.arange(10), 0)
   product = (rows * cols).view(np.int32)
   want = product >= -2**31 + 2 * round(rate * 2**31)
   np.testing.assert_array_equal(np.asarray(dropout.keep_mask(key, shape, rate)), want)
+  # A prefix of the middle axes draws the whole array's mask there.
+  np.testing.assert_array_equal(np.asarray(dropout.keep_mask(key, (3, 2, 6, 10), rate)),
+                                want[:, :2])
   assert dropout.drop_rate(rate) == 2 * round(rate * 2**31) / 2**32
   # One hash per row and per column: no loop, and the words are not
   # recomputed per element (XLA's count stays a few operations per element).
@@ -70,6 +75,8 @@ def test_keep_mask_rate_keys_rows_and_fallback():
   assert (mask != other).mean() > 0.15
   odd = np.asarray(dropout.keep_mask(key, (64, 129), 0.25))  # Any last axis.
   assert odd.shape == (64, 129) and abs(odd.mean() - 0.75) < 0.03
+  flat = np.asarray(dropout.keep_mask(key, (4096,), 0.25))  # 1-D: bernoulli.
+  assert abs(flat.mean() - 0.75) < 0.03
   rbg = np.asarray(dropout.keep_mask(jax.random.key(0, impl="rbg"), (64, 128), 0.5))
   assert abs(rbg.mean() - 0.5) < 0.03  # Falls back to bernoulli.
   assert not dropout.keep_mask(key, (8, 16), 0.0).size - dropout.keep_mask(

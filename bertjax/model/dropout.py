@@ -39,12 +39,12 @@ class Dropout(nn.Module):
   flax's nn.Dropout draws a uniform float per element through
   jax.random.bits, which on CPU runs the threefry2x32 hash as a loop of
   five passes over the whole array and then converts the bits to floats.
-  Here keep_mask hashes one word per row (all axes but the last, flattened)
-  and one per column (the last axis) and forms each element's product in
-  the pass that applies the mask. The counters are global indices, so the
-  mask does not depend on how the array is sharded. Keys of other PRNG
-  implementations and arrays of 2^32 rows or more fall back to
-  jax.random.bernoulli.
+  Here keep_mask hashes one word per row (all axes but the last) and one
+  per column (the last axis) and forms each element's product in the pass
+  that applies the mask. The counters are global indices, so the mask does
+  not depend on how the array is sharded. Keys of other PRNG
+  implementations, 1-D arrays and arrays too large for the counters
+  (keep_words) fall back to jax.random.bernoulli.
   """
   rate: float  # In [0, 1), as the config checks.
 
@@ -133,32 +133,42 @@ def _odd_words(key_data, hi, lo, word: int):
   return threefry2x32(key_data[0], key_data[1], hi, lo)[word] | jnp.uint32(1)
 
 
+_COLUMN_HI = 2**32 - 1  # The column words' first counter word: no batch row's.
+
+
 def keep_words(key, shape: tuple[int, ...]):
   """(row words [*shape[:-1], 1], column words [1, ..., shape[-1]]) of the
   product mask of an array of `shape`, uint32; None where keep_mask falls
-  back to jax.random.bernoulli (keys of other PRNG implementations, 2^32
-  rows or more).
+  back to jax.random.bernoulli (keys of other PRNG implementations, a
+  first axis of 2^32 - 1 or more, or 2^32 or more rows per entry of it).
 
-  Row i (the flat index over all axes but the last) takes the first word of
-  threefry2x32(key, (0, i)), column j the first of threefry2x32(key, (1, j)),
-  both made odd. The words are materialised: fused into the pass that
-  multiplies them, XLA would hash again per element.
+  Row (b, i) (b the first axis, i the flat index over the axes between it
+  and the last) takes the first word of threefry2x32(key, (b, i)), column j
+  the first of threefry2x32(key, (2^32 - 1, j)), both made odd. The words of
+  a prefix of the middle axes are the whole array's: the last layer, run at
+  a sequence's first positions only, draws the masks of those positions.
+  The words are materialised: fused into the pass that multiplies them, XLA
+  would hash again per element.
   """
   key_data = jax.random.key_data(key)
-  rows = math.prod(shape[:-1])
-  if key_data.shape != (2,) or not shape or rows >= 2**32 or shape[-1] >= 2**32:
+  if key_data.shape != (2,) or len(shape) < 2:
+    return None
+  middle = math.prod(shape[1:-1])
+  if shape[0] >= _COLUMN_HI or middle >= 2**32 or shape[-1] >= 2**32:
     return None
   key_data = key_data.astype(jnp.uint32)
   row_shape = tuple(shape[:-1]) + (1,)
   flat = jnp.zeros(row_shape, jnp.uint32)
   stride = 1
-  for axis in range(len(shape) - 2, -1, -1):
+  for axis in range(len(shape) - 2, 0, -1):
     flat = flat + jax.lax.broadcasted_iota(jnp.uint32, row_shape, axis) * jnp.uint32(stride)
     stride *= shape[axis]
+  batch = jax.lax.broadcasted_iota(jnp.uint32, row_shape, 0)
   col = jax.lax.broadcasted_iota(jnp.uint32, (1,) * (len(shape) - 1) + (shape[-1],),
                                  len(shape) - 1)
-  return jax.lax.optimization_barrier((_odd_words(key_data, jnp.zeros_like(flat), flat, 0),
-                                       _odd_words(key_data, jnp.ones_like(col), col, 0)))
+  return jax.lax.optimization_barrier(
+      (_odd_words(key_data, batch, flat, 0),
+       _odd_words(key_data, jnp.full_like(col, _COLUMN_HI), col, 0)))
 
 
 def keep_mask(key, shape: tuple[int, ...], rate: float):
