@@ -43,7 +43,7 @@ import subprocess
 import sys
 import time
 
-# The full English dump of the figures: pages-articles of mid-2023.
+# The full English dump (pages-articles of mid-2023): about 22 GB of bz2 and 6.7M articles.
 FULL_DUMP_BYTES = 22e9
 FULL_DUMP_ARTICLES = 6.7e6
 HOST_CORES = 32
