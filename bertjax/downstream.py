@@ -53,6 +53,17 @@ def take_checkpoint_settings(config, explicit=frozenset()) -> None:
   config.do_lower_case = lower
 
 
+def hidden_size(config, workdir: str, explicit=frozenset()) -> int:
+  """The hidden size `finetune` will run with (the checkpoint's unless set),
+  read without changing `config`."""
+  if "model.hidden_size" in explicit or not config.init_from:
+    return int(config.model.hidden_size)
+  init_from = (fileio.under(workdir, config.init_from) if config.within_workdir
+               else config.init_from)
+  return int(weights.checkpoint_settings(init_from).model.get("hidden_size",
+                                                               config.model.hidden_size))
+
+
 def finetune(config, workdir: str, explicit=frozenset()) -> dict:
   """The run the config asks for: one fine-tuning, the sweep, or the comparison
   with random initialisation, with the architecture and casing of init_from's

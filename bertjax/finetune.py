@@ -13,10 +13,11 @@ fine-tuned checkpoint in DIR/checkpoints (or --config.predict_from), no
 training; --config.mode=train_and_predict does both.
 """
 
-# glibc reads its malloc tunables at start-up: with BERTJAX_HOST_MALLOC=tuned,
-# on the CPU, this program's own command line re-executes itself once with
-# them, before the imports below (bertjax/records/hostmem.py); imported from
-# Python it does not.
+# glibc reads its malloc tunables at start-up: on the CPU, this program's own
+# command line re-executes itself once with them, before the imports below
+# with BERTJAX_HOST_MALLOC=tuned, or once the model is known for a large one
+# (auto, the default; bertjax/records/hostmem.py); imported from Python it
+# does not.
 from bertjax.records import hostmem  # pylint: disable=g-bad-import-order
 hostmem.reexec_for_cpu("bertjax.finetune")
 
@@ -39,10 +40,12 @@ _DISTRIBUTED = flags.DEFINE_enum("distributed", "auto", distributed.MODES, distr
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  distributed.initialize(_DISTRIBUTED.value)
   # The --config.* fields given on the command line keep their values; the
   # others of the architecture and the casing come from init_from's checkpoint.
   explicit = frozenset(config_flags.get_override_values(flags.FLAGS["config"]))
+  hostmem.reexec_for_model(  # Before anything starts.
+      "bertjax.finetune", downstream.hidden_size(_CONFIG.value, _WORKDIR.value, explicit))
+  distributed.initialize(_DISTRIBUTED.value)
   downstream.finetune(_CONFIG.value, _WORKDIR.value, explicit)
 
 

@@ -7,10 +7,11 @@ Any config field can be overridden, e.g. --config.total_steps=1000 or
 --config.phases.seq128.global_batch_size=512.
 """
 
-# glibc reads its malloc tunables at start-up: with BERTJAX_HOST_MALLOC=tuned,
-# on the CPU, this program's own command line re-executes itself once with
-# them, before the imports below (bertjax/records/hostmem.py); imported from
-# Python it does not.
+# glibc reads its malloc tunables at start-up: on the CPU, this program's own
+# command line re-executes itself once with them, before the imports below
+# with BERTJAX_HOST_MALLOC=tuned, or once the model is known for a large one
+# (auto, the default; bertjax/records/hostmem.py); imported from Python it
+# does not.
 from bertjax.records import hostmem  # pylint: disable=g-bad-import-order
 hostmem.reexec_for_cpu("bertjax.main")
 
@@ -42,8 +43,9 @@ _WORKDIR = flags.DEFINE_string("workdir", "/tmp/bertjax_demo",
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  distributed.initialize(_DISTRIBUTED.value)
   config = _CONFIG.value
+  hostmem.reexec_for_model("bertjax.main", config.model.hidden_size)  # Before anything starts.
+  distributed.initialize(_DISTRIBUTED.value)
   if config.compile_cache_dir:  # Before the first compile of the process.
     profiling.enable_compilation_cache(profiling.cache_dir(config.compile_cache_dir,
                                                            _WORKDIR.value))

@@ -21,8 +21,18 @@ def test_tunables_are_wanted_only_when_asked_for_and_for_cpu_runs(monkeypatch):
   tuned = {hostmem.SETTING: "tuned"}
   assert hostmem.wanted_tunables({"JAX_PLATFORMS": "cpu", **tuned}) == hostmem.TUNABLES
   assert hostmem.wanted_tunables(tuned) == hostmem.TUNABLES
-  assert hostmem.wanted_tunables({"JAX_PLATFORMS": "cpu"}) is None  # glibc's defaults unless asked
+  assert hostmem.wanted_tunables({"JAX_PLATFORMS": "cpu"}) is None  # auto: the model decides
   assert hostmem.wanted_tunables({}) is None
+  # auto (unset or named): the tunables for hidden sizes of 256 or more.
+  for auto in ({}, {hostmem.SETTING: "auto"}):
+    env = {"JAX_PLATFORMS": "cpu", **auto}
+    assert hostmem.wanted_tunables(env, hidden_size=128) is None  # The demo's.
+    assert hostmem.wanted_tunables(env, hidden_size=hostmem.AUTO_MIN_HIDDEN) == hostmem.TUNABLES
+    assert hostmem.wanted_tunables(env, hidden_size=768) == hostmem.TUNABLES
+  assert hostmem.wanted_tunables({"JAX_PLATFORMS": "cpu", **tuned}, hidden_size=128) == (
+      hostmem.TUNABLES)
+  assert hostmem.wanted_tunables({"JAX_PLATFORMS": "cpu", hostmem.SETTING: "default"},
+                                 hidden_size=768) is None
   assert hostmem.wanted_tunables({"JAX_PLATFORMS": "tpu", **tuned}) is None
   assert hostmem.wanted_tunables({"JAX_PLATFORMS": "cuda,cpu", **tuned}) is None
   assert hostmem.wanted_tunables({"JAX_PLATFORMS": "cpu", hostmem.SETTING: "default"}) is None
@@ -252,3 +262,50 @@ def test_the_reexecuted_process_never_executes_again(tmp_path):
                                    hostmem.TUNABLES_BEFORE: "glibc.pthread.rseq=1"}))
   assert result["pid"] == pid and result["started_with"] is None
   assert result["environ"] == "glibc.pthread.rseq=1" and result["carried"] == []
+
+
+_AUTO_ENTRY = """
+import json, os, sys
+from bertjax.records import hostmem
+hostmem.reexec_for_cpu("probe_entry")  # As the programs start.
+hostmem.reexec_for_model("probe_entry", int(sys.argv[1]))  # Once they know the model.
+print(json.dumps(dict(pid=os.getpid(), started_with=hostmem.tunables_at_start(),
+                      environ=os.environ.get("GLIBC_TUNABLES"), describe=hostmem.describe())))
+"""
+
+
+@glibc
+@pytest.mark.parametrize("hidden,setting,tuned", [
+    (128, None, False), (256, None, True), (768, "auto", True), (768, "default", False),
+    (128, "tuned", True)])
+def test_auto_reexecutes_once_the_model_is_known_and_only_for_a_large_one(
+    tmp_path, hidden, setting, tuned):
+  (tmp_path / "probe_entry.py").write_text(_AUTO_ENTRY)
+  env = _env(**({hostmem.SETTING: setting} if setting else {}))
+  env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+  pid, result = _run([sys.executable, "-m", "probe_entry", str(hidden)], env)
+  assert result["pid"] == pid  # Re-executed or not, the same process.
+  assert result["started_with"] == (hostmem.TUNABLES if tuned else None)
+  assert result["environ"] is None  # Its children start as it was started.
+  assert ("bertjax's tunables" in result["describe"]) == tuned
+  assert f"{hostmem.SETTING}={setting or 'auto'}" in result["describe"]
+
+
+def test_the_programs_ask_for_their_models_hidden_size_before_their_work():
+  """main, finetune and step_bench call reexec_for_model with their model's hidden
+  size first thing in main(); the fine-tuning size comes from init_from's checkpoint."""
+  import inspect  # pylint: disable=g-import-not-at-top
+  from bertjax import downstream  # pylint: disable=g-import-not-at-top
+  for module, size in (("bertjax.main", "config.model.hidden_size"),
+                       ("bertjax.finetune", "downstream.hidden_size("),
+                       ("bertjax.benchmarks.step_bench", "_CONFIG.value.model.hidden_size")):
+    source = open(os.path.join(os.path.dirname(os.path.dirname(__file__)),
+                               *module.split(".")) + ".py").read()
+    main = source[source.index("def main(argv):"):]
+    call = main.index(f'reexec_for_model(')
+    assert size in main[call:call + 200], module
+    # Before the work starts: no distributed setup, training or benchmark before it.
+    for later in ("distributed.initialize", "train_and_evaluate", "downstream.finetune(",
+                  "run_benchmark("):
+      assert later not in main[:call], (module, later)
+  assert "checkpoint_settings" in inspect.getsource(downstream.hidden_size)

@@ -24,7 +24,9 @@ all with dropout 0.1, gradient clipping at 1.0 and AdamW with weight decay 0.01
 and transformers' `dtype`). After a warm-up step on each shape the rounds
 meet (which compiles it), the runners alternate --rounds times, --steps steps
 each (the next batches of each runner's stream); printed: median and range of examples/s over the
-rounds, and the ratios to transformers.
+rounds, and the ratios to transformers. The process runs with the glibc malloc
+settings that `python -m bertjax.finetune` takes for the model (BERTJAX_HOST_MALLOC,
+bertjax/records/hostmem.py), all runners alike, and prints which.
 """
 
 import argparse
@@ -41,6 +43,7 @@ import numpy as np
 import optax
 
 from bertjax.benchmarks import corpus
+from bertjax.records import hostmem
 from bertjax.model import heads
 from bertjax.model.config import BertConfig
 from bertjax.tasks import batches as batches_lib
@@ -193,6 +196,10 @@ def main():
   p.add_argument("--dtype", default="float32")
   p.add_argument("--data", default="glue", choices=("glue", "random"))
   args = p.parse_args()
+  # As `python -m bertjax.finetune` would run this model (BERTJAX_HOST_MALLOC=auto):
+  # the whole process re-executes with the tunables for a large one, the
+  # transformers runner included.
+  hostmem.reexec_for_model("bertjax.benchmarks.finetune_bench", args.hidden)
   if args.data == "glue":
     arrays, args.vocab = glue_like_examples(args, args.examples)
   else:
@@ -223,6 +230,7 @@ def main():
     print(f"round {r + 1}: " + ", ".join(f"{name} {x[-1]:.1f}" for name, x in rates.items())
           + " examples/s", flush=True)
   shapes = sorted({b["input_ids"].shape[1] for b in streams["bucketed"]})
+  print(hostmem.describe())
   print(f"{jax.device_count()} x {jax.devices()[0].device_kind}; L={args.layers} "
         f"H={args.hidden} A={args.heads} F={args.intermediate} V={args.vocab}, "
         f"max_seq_length {args.seq}, batch {args.batch}, {args.dtype}; {args.rounds} rounds "

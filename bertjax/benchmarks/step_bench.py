@@ -13,10 +13,11 @@ bertjax.fit`, which compiles the step ahead of time for a TPU slice without
 running it). The timed run has no packed synthetic data and refuses
 packing."""
 
-# glibc reads its malloc tunables at start-up: with BERTJAX_HOST_MALLOC=tuned,
-# on the CPU, this program's own command line re-executes itself once with
-# them, before the imports below (bertjax/records/hostmem.py); imported from
-# Python it does not.
+# glibc reads its malloc tunables at start-up: on the CPU, this program's own
+# command line re-executes itself once with them, before the imports below
+# with BERTJAX_HOST_MALLOC=tuned, or once the model is known for a large one
+# (auto, the default; bertjax/records/hostmem.py); imported from Python it
+# does not.
 from bertjax.records import hostmem  # pylint: disable=g-bad-import-order
 hostmem.reexec_for_cpu("bertjax.benchmarks.step_bench")
 
@@ -120,6 +121,8 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if _CONFIG.value is None:
     raise app.UsageError("--config is required, e.g. --config=configs/base.py")
+  hostmem.reexec_for_model("bertjax.benchmarks.step_bench", _CONFIG.value.model.hidden_size)
+  print(hostmem.describe())
   if _CACHE.value:
     profiling.enable_compilation_cache(_CACHE.value)
   run_benchmark(_CONFIG.value)

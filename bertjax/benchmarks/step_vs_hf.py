@@ -20,8 +20,10 @@ head computes logits at every position; the loss takes the masked positions
 from them.
 
 Each side runs in its own process: bertjax with the glibc malloc settings
-that BERTJAX_HOST_MALLOC=tuned gives `python -m bertjax.main` on the CPU
-(bertjax/records/hostmem.py), transformers with glibc's defaults; any GLIBC_TUNABLES this command is given reaches neither.
+that the default BERTJAX_HOST_MALLOC=auto gives `python -m bertjax.main` on
+the CPU for this model (bertjax/records/hostmem.py: the tunables for a hidden
+size of 256 or more), transformers with glibc's defaults; any GLIBC_TUNABLES
+this command is given reaches neither.
 Two more processes swap them (bertjax with the defaults, transformers with
 bertjax's settings) so that what the settings give each side is printed
 too. After every process has compiled and warmed up, the parent has them
@@ -155,8 +157,8 @@ def _summary(values):
 
 
 # name -> (which step, whether the process runs with bertjax's malloc settings)
-SIDES = {
-    "bertjax": ("bertjax", True),
+SIDES = {  # name -> (the step, with bertjax's tunables)
+    "bertjax": ("bertjax", hostmem.wanted_tunables({"JAX_PLATFORMS": "cpu"}, HIDDEN) is not None),
     "bertjax, glibc defaults": ("bertjax", False),
     "transformers": ("transformers", False),
     "transformers, bertjax's malloc": ("transformers", True),
@@ -237,7 +239,9 @@ def main():
         f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
   print(f"L={LAYERS} H={HIDDEN} A={HEADS} F={FFN} vocab {VOCAB}, batch {BATCH} x {SEQ}, "
         f"{PREDICTIONS} predictions, fp32, dropout {DROPOUT}")
-  print(f"bertjax's malloc settings: GLIBC_TUNABLES={hostmem.TUNABLES}")
+  auto = "the tunables" if SIDES["bertjax"][1] else "glibc's defaults"
+  print(f"bertjax's side: what BERTJAX_HOST_MALLOC=auto runs a hidden size of {HIDDEN} with, "
+        f"{auto} (GLIBC_TUNABLES={hostmem.TUNABLES} at {hostmem.AUTO_MIN_HIDDEN} or more)")
   print("setup + compile  " + ", ".join(f"{k} {v:.1f} s" for k, v in setup.items()))
   for name in SIDES:
     print(f"{name:31s} sequences/s {_summary(rates[name])} over {args.rounds} rounds "

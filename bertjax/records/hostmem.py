@@ -11,18 +11,24 @@ which prints them (docs/performance.md).
 `TUNABLES` keep freed memory in the process instead: one arena (every thread
 allocates from the main heap), no mmap for large blocks, and a 2 GiB trim
 threshold. They pay off for a CPU step with large temporaries (the L=4/H=256
-step above: 20.9 sequences/s against 17.0) and cost a small one (the demo's
-L=2/H=128 step ran 15-35% fewer sequences/s under them: its threads then
-share one arena's lock), so they are opt-in: BERTJAX_HOST_MALLOC=tuned.
-glibc reads GLIBC_TUNABLES when the process starts, before any thread has
-its own arena, so `reexec_for_cpu(module)` re-executes the process once with
-them set. The command-line programs `bertjax.main`, `bertjax.finetune` and
-`bertjax.benchmarks.step_bench` call it first, before their heavy imports,
-and it acts only where the setting asks for it and the process is that
-program's own command line (`entry_module`: `python -m bertjax.main ...` or
-a console script of `CONSOLE_SCRIPTS`); imported or called from Python
-(`main.run()` in a script, a notebook or a test) it never re-executes. The
-price is that the process keeps its peak heap until it exits.
+step above: about 20.5 sequences/s against 17) and cost a small one (the
+demo's L=2/H=128 step: about 250 against 300, its threads then sharing one
+arena's lock; without the one-arena part the large step gains nothing), so
+BERTJAX_HOST_MALLOC=auto, the default, chooses by the model: the tunables
+for hidden sizes of AUTO_MIN_HIDDEN (256) or more, glibc's defaults below.
+`tuned` and `default` force either. glibc reads GLIBC_TUNABLES when the
+process starts, before any thread has its own arena, so the process
+re-executes once with them: `reexec_for_cpu(module)` at start-up, before
+the heavy imports, where the setting is `tuned`, and
+`reexec_for_model(module, hidden_size)` once the program knows its model
+(after reading its config, before its work), where it is `auto`. The
+command-line programs `bertjax.main`, `bertjax.finetune` and
+`bertjax.benchmarks.step_bench` call them, and they act only where the
+process is that program's own command line (`entry_module`: `python -m
+bertjax.main ...` or a console script of `CONSOLE_SCRIPTS`); imported or
+called from Python (`main.run()` in a script, a notebook or a test) they
+never re-execute. The price is that the process keeps its peak heap until
+it exits, and under `auto` a large model's run starts its imports twice.
 
 At most once: the re-executed process finds `REEXECUTED` in its environment
 and does not execute again, whatever GLIBC_TUNABLES holds by then. It then
@@ -35,8 +41,9 @@ Only where JAX will run on the CPU alone: JAX_PLATFORMS lists only `cpu`, or
 is unset and no accelerator plugin (libtpu, a jax_plugins package) is
 installed. On a TPU or GPU host the step's buffers live on the device and the
 host's threads are the input pipeline's, for which one arena is not measured.
-Unset or `default`, BERTJAX_HOST_MALLOC keeps glibc's defaults; any other
-value than `tuned` or `default` is an error that names the variable.
+Unset, BERTJAX_HOST_MALLOC is `auto`; any other value than `auto`, `tuned`
+or `default` is an error that names the variable. `describe()` says what
+this process runs with, for the benchmarks to print.
 
 `one_arena()` is the one-arena part alone, set from inside a running
 process for a block: data creation's in-process run starts its serialising
@@ -54,8 +61,10 @@ from typing import Iterator, Mapping, MutableMapping, Optional, Sequence
 TRIM_THRESHOLD = 2**31 - 1  # mallopt takes an int
 TUNABLES = ("glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:"
             f"glibc.malloc.trim_threshold={TRIM_THRESHOLD}")
-SETTING = "BERTJAX_HOST_MALLOC"  # "tuned": re-execute with TUNABLES; unset or "default": glibc's defaults
-_CHOICES = ("tuned", "default")
+SETTING = "BERTJAX_HOST_MALLOC"  # auto (unset): TUNABLES for large models; tuned: always; default: never
+_CHOICES = ("auto", "tuned", "default")
+# `auto` re-executes with TUNABLES for models of this hidden size or more.
+AUTO_MIN_HIDDEN = 256
 # Set in the environment of the re-execution only; the re-executed process
 # takes them out again at start-up.
 REEXECUTED = "BERTJAX_HOST_MALLOC_REEXECUTED"
@@ -103,13 +112,24 @@ def cpu_only(environ: Mapping[str, str]) -> bool:
   return not accelerator_installed()
 
 
-def wanted_tunables(environ: Mapping[str, str]) -> Optional[str]:
-  """The GLIBC_TUNABLES value to run with, or None where it is not wanted or already set."""
-  choice = environ.get(SETTING, "default")
-  if choice not in _CHOICES:
-    raise ValueError(f"{SETTING}={choice!r}: expected one of {', '.join(_CHOICES)} "
-                     "(or unset, glibc's defaults)")
-  if choice != "tuned" or platform.libc_ver()[0] != "glibc":
+def choice(environ: Mapping[str, str]) -> str:
+  """BERTJAX_HOST_MALLOC's value (auto where unset); ValueError naming it otherwise."""
+  value = environ.get(SETTING, "auto")
+  if value not in _CHOICES:
+    raise ValueError(f"{SETTING}={value!r}: expected one of {', '.join(_CHOICES)} "
+                     "(or unset: auto)")
+  return value
+
+
+def wanted_tunables(environ: Mapping[str, str], hidden_size: Optional[int] = None
+                    ) -> Optional[str]:
+  """The GLIBC_TUNABLES value to run with, or None where it is not wanted or
+  already set. `hidden_size`: the model's, which `auto` chooses by (None:
+  not known yet, so only `tuned` wants them)."""
+  value = choice(environ)
+  if value == "default" or platform.libc_ver()[0] != "glibc":
+    return None
+  if value == "auto" and (hidden_size is None or hidden_size < AUTO_MIN_HIDDEN):
     return None
   current = environ.get("GLIBC_TUNABLES", "")
   if TUNABLES in current or not cpu_only(environ):
@@ -186,25 +206,48 @@ def restore_environ(environ: MutableMapping[str, str]) -> None:
 def reexec_for_cpu(module: str) -> None:
   """The command-line programs' start-up, before their heavy imports.
 
-  Where this process is `module`'s own command line (entry_module), the
-  tunables are asked for and wanted (wanted_tunables: BERTJAX_HOST_MALLOC=tuned,
-  JAX on the CPU alone, the tunables not yet set), it
-  re-executes the process (same id, same command line) with `TUNABLES`.
-  In the re-executed process it puts the environment from before back for
-  the processes this one starts, and returns; it never executes twice.
-  Anywhere else it returns at once.
+  Where this process is `module`'s own command line (entry_module) and the
+  tunables are wanted whatever the model (wanted_tunables:
+  BERTJAX_HOST_MALLOC=tuned, JAX on the CPU alone, the tunables not yet
+  set), it re-executes the process (same id, same command line) with
+  `TUNABLES`. In the re-executed process it puts the environment from before
+  back for the processes this one starts, and returns; it never executes
+  twice. Anywhere else it returns at once.
   """
   if _REEXECUTED_HERE:
     restore_environ(os.environ)
     return
+  _reexec_where_wanted(module, None)
+
+
+def reexec_for_model(module: str, hidden_size: int) -> None:
+  """What `auto` chooses, once the program knows its model: as reexec_for_cpu,
+  with the tunables where the model's hidden size is AUTO_MIN_HIDDEN or more.
+  Call it after reading the config and before the work (a re-execution
+  starts the command again)."""
+  if _REEXECUTED_HERE:
+    return
+  _reexec_where_wanted(module, hidden_size)
+
+
+def _reexec_where_wanted(module: str, hidden_size: Optional[int]) -> None:
   if entry_module(sys.orig_argv, sys.argv, sys.modules.get("__main__")) != module:
     return
-  tunables = wanted_tunables(os.environ)
+  tunables = wanted_tunables(os.environ, hidden_size)
   if tunables is None:
     return
   sys.stdout.flush()
   sys.stderr.flush()
   os.execve(sys.executable, list(sys.orig_argv), reexec_environ(os.environ, tunables))
+
+
+def describe() -> str:
+  """What malloc this process runs with, and why, in a line for a benchmark."""
+  setting = os.environ.get(SETTING, "auto")
+  if active():
+    return f"glibc malloc: bertjax's tunables ({TUNABLES}; {SETTING}={setting})"
+  started = f"GLIBC_TUNABLES={_STARTED_WITH}" if _STARTED_WITH else "glibc's defaults"
+  return f"glibc malloc: {started} ({SETTING}={setting})"
 
 
 def tunables_at_start() -> Optional[str]:
