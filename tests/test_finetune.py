@@ -21,6 +21,7 @@ from bertjax.tasks import loop
 from bertjax.train import checkpoint as ckpt_lib
 from bertjax.train import sharding as sharding_lib
 from bertjax.train import state as state_lib
+from bertjax.train.step_metrics import NonFiniteError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "tests"))
@@ -187,23 +188,20 @@ def test_vocab_and_dimension_mismatches_name_the_field(data, tmp_path):
   assert not os.path.exists(os.path.join(tmp_path, "run", "results.json"))
 
 
-def test_nonfinite_updates_are_skipped_and_counted_until_too_many_in_a_row(data, tmp_path):
-  # An infinite learning rate: every loss and gradient is finite, every updated
-  # parameter is not, so every one of the 8 steps is skipped.
+def test_an_update_that_makes_the_parameters_nonfinite_stops_the_run_naming_its_step(
+    data, tmp_path):
+  # An infinite learning rate: the loss and gradient of step 1 are finite, the
+  # parameters it writes are not. A skip could not undo that (the update is
+  # applied in place of the old parameters), so the run stops at once.
   inf = {"optimizer.learning_rate": float("inf"), "optimizer.max_nonfinite_in_a_row": 100}
-  skipped = loop.finetune_and_evaluate(_config(data, **inf), str(tmp_path / "skipped"))
-  assert (skipped["steps"], skipped["skipped_steps"], skipped["nonfinite_in_a_row"]) == (8, 8, 8)
-  # Its parameters are the initial ones: those of a run that does not move them.
-  still = loop.finetune_and_evaluate(_config(data, **{"optimizer.learning_rate": 0.0}),
-                                     str(tmp_path / "still"))
-  assert still["skipped_steps"] == 0 and still["dev"] == skipped["dev"]
-  jax.tree.map(np.testing.assert_array_equal, _saved_params(str(tmp_path / "skipped")),
-               _saved_params(str(tmp_path / "still")))
-  with pytest.raises(FloatingPointError, match=(
-      r"in 3 steps in a row, 1-3 \(--config\.optimizer\.max_nonfinite_in_a_row=3\); their "
-      r"updates were skipped, so the parameters are those of step 0\.")):
-    loop.finetune_and_evaluate(_config(data, **dict(inf, **{
-        "optimizer.max_nonfinite_in_a_row": 3})), str(tmp_path / "stopped"))
+  workdir = str(tmp_path / "inf")
+  with pytest.raises(NonFiniteError, match=(
+      r"the update of step 1 made the parameters non-finite \(param_norm nan\) from a "
+      r"finite loss and gradient")):
+    loop.finetune_and_evaluate(_config(data, **inf), workdir)
+  assert not os.path.exists(os.path.join(workdir, "results.json"))
+  saved = os.path.join(workdir, "checkpoints")
+  assert not os.path.isdir(saved) or not [d for d in os.listdir(saved) if d.isdigit()]
 
 
 def test_sweep_reports_every_run_and_the_best(data, tmp_path):
