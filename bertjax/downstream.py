@@ -125,7 +125,14 @@ def demo_config():
   return demo.get_config()
 
 
-def demo_downstream(workdir: str, config=None) -> dict:
+def demo_downstream(workdir: str, config=None, demo_dir: str = "") -> dict:
   """The demo's downstream step (`config`, default demo_config()) after the demo's
-  pretraining in `workdir`: both dev scores go into workdir/summary.json."""
-  return finetune(config or demo_config(), workdir)
+  pretraining in `workdir`: both dev scores go into workdir/summary.json.
+  `demo_dir`, if given, is the demo data the pretraining read (its
+  data.demo_dir: relative to the workdir or absolute), in place of the
+  config's data_dir and its vocab."""
+  config = config or demo_config()
+  if demo_dir:
+    config.data_dir = demo_dir
+    config.vocab_file = os.path.join(demo_dir, "vocab.txt")
+  return finetune(config, workdir)

@@ -53,8 +53,9 @@ def main(argv):
   summary = loop.train_and_evaluate(config, _WORKDIR.value, weights_loader=load_weights)
   if config.data.demo_dir and "preempted_at_step" not in summary:
     # The demo's downstream step: fine-tunes from the pretrained checkpoint and from
-    # random initialisation; both dev scores go into WORKDIR/summary.json.
-    downstream.demo_downstream(_WORKDIR.value)
+    # random initialisation on the demo data this run read; the dev scores go
+    # into WORKDIR/summary.json.
+    downstream.demo_downstream(_WORKDIR.value, demo_dir=config.data.demo_dir)
 
 
 def run():

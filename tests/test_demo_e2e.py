@@ -1,7 +1,8 @@
 """The README's main command end to end, with fewer steps: demo data, both
 phases, held-out evaluation, checkpoints, a rerun that finds the run complete,
-the export that transformers loads for fine-tuning, and the downstream step
-(fine-tuning from the demo checkpoint and from random initialisation)."""
+the export that transformers loads for fine-tuning, the downstream step
+(fine-tuning from the demo checkpoint and from random initialisation, beside a
+bag-of-words baseline) and the command's output."""
 
 import glob
 import json
@@ -119,11 +120,39 @@ def test_downstream_step_fine_tunes_from_the_checkpoint_and_from_random_init(run
   with open(os.path.join(workdir, "summary.json"), encoding="utf-8") as f:
     assert json.load(f)["downstream"] == result
   assert result["steps"] == 2 and result["task"] == "same_document"
-  for init in ("pretrained", "random_init"):
+  for init in ("pretrained", "random_init", "bag_of_words"):
     dev = result[init]["dev"]
     assert dev["num_examples"] == 40 and 0.0 <= dev["accuracy"] <= 1.0
+  for init in ("pretrained", "random_init"):
     assert os.path.exists(os.path.join(workdir, "downstream", init, "results.json"))
   assert result["init_from"] == os.path.join(workdir, "checkpoints")
+
+
+# What TensorFlow and absl print as they start, which the demo's output leaves out.
+STARTUP_NOISE = ("All log messages before absl::InitializeLog() is called",
+                 "oneDNN custom operations are on", "cpu_feature_guard")
+
+
+def test_the_demo_command_prints_its_figures_and_no_start_up_noise(run, tmp_path):
+  """The README's command, with fewer steps, on the fixture's demo data: the
+  held-out figures of both phases, the downstream line with its bag-of-words
+  baseline, and none of TensorFlow's start-up lines."""
+  workdir, _ = run
+  env = {k: v for k, v in os.environ.items() if not k.startswith("TF_")}
+  result = subprocess.run(
+      [sys.executable, "-m", "bertjax.main", "--config=configs/tiny.py",
+       f"--workdir={tmp_path / 'demo'}", "--config.total_steps=40",
+       f"--config.data.demo_dir={os.path.join(workdir, 'demo_data')}",
+       "--config.logging.eval_batches=3"],
+      cwd=REPO, capture_output=True, text=True, timeout=900, check=False, env=env)
+  output = result.stdout + result.stderr
+  assert result.returncode == 0, output[-3000:]
+  assert not [line for line in STARTUP_NOISE if line in output], output[-3000:]
+  for phase in ("seq128", "seq512"):
+    assert f"{phase}: held-out MLM accuracy" in output and "majority-label baseline" in output
+  assert "Dev accuracy on dev: " in output
+  assert "from a bag of words (logistic regression on the same rows' word-piece counts)" in (
+      output)
 
 
 def test_predict_reads_the_runs_checkpoint_and_vocab(run):

@@ -153,3 +153,28 @@ def test_under_joins_only_relative_local_paths():
   assert fileio.under("/w", "/abs/dir") == "/abs/dir"
   assert fileio.under("/w", "gs://bucket/dir") == "gs://bucket/dir"
   assert fileio.under("/w", "") == ""
+
+
+TF_STARTUP_LINES = ("All log messages before absl::InitializeLog() is called",
+                    "oneDNN custom operations are on", "cpu_feature_guard")
+
+
+def _tensorflow_stderr(**env):
+  """stderr of a process that imports TensorFlow through fileio and runs tf.data."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  code = ("from bertjax.records import fileio\n"
+          "tf = fileio.tensorflow()\n"
+          "print(list(tf.data.Dataset.range(4).batch(2).as_numpy_iterator())[-1])\n")
+  clean = {k: v for k, v in os.environ.items() if k not in fileio.TF_QUIET_ENV}
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300, check=True, env=dict(clean, **env))
+  assert result.stdout == "[2 3]\n"
+  return result.stderr
+
+
+def test_tensorflow_loads_without_its_start_up_lines_unless_asked():
+  stderr = _tensorflow_stderr()
+  assert not [line for line in TF_STARTUP_LINES if line in stderr], stderr[-2000:]
+  # The environment's own settings win: with oneDNN asked for, its notice shows.
+  assert "oneDNN custom operations are on" in _tensorflow_stderr(TF_ENABLE_ONEDNN_OPTS="1")

@@ -24,6 +24,7 @@ def test_tunables_are_wanted_only_when_asked_for_and_for_cpu_runs(monkeypatch):
   assert hostmem.wanted_tunables({"JAX_PLATFORMS": "cpu"}) is None  # auto: the model decides
   assert hostmem.wanted_tunables({}) is None
   # auto (unset or named): the tunables for hidden sizes of 256 or more.
+  assert hostmem.TUNABLES == f"glibc.malloc.arena_max=1:{hostmem.KEEP_FREED}"
   for auto in ({}, {hostmem.SETTING: "auto"}):
     env = {"JAX_PLATFORMS": "cpu", **auto}
     assert hostmem.wanted_tunables(env, hidden_size=128) is None  # The demo's.
@@ -276,8 +277,8 @@ print(json.dumps(dict(pid=os.getpid(), started_with=hostmem.tunables_at_start(),
 
 @glibc
 @pytest.mark.parametrize("hidden,setting,tuned", [
-    (128, None, False), (256, None, True), (768, "auto", True), (768, "default", False),
-    (128, "tuned", True)])
+    (128, None, None), (256, None, "tunables"), (768, "auto", "tunables"),
+    (768, "default", None), (128, "tuned", "tunables")])
 def test_auto_reexecutes_once_the_model_is_known_and_only_for_a_large_one(
     tmp_path, hidden, setting, tuned):
   (tmp_path / "probe_entry.py").write_text(_AUTO_ENTRY)
@@ -285,9 +286,11 @@ def test_auto_reexecutes_once_the_model_is_known_and_only_for_a_large_one(
   env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
   pid, result = _run([sys.executable, "-m", "probe_entry", str(hidden)], env)
   assert result["pid"] == pid  # Re-executed or not, the same process.
-  assert result["started_with"] == (hostmem.TUNABLES if tuned else None)
+  wanted = {"tunables": hostmem.TUNABLES, "keep_freed": hostmem.KEEP_FREED, None: None}
+  assert result["started_with"] == wanted[tuned]
   assert result["environ"] is None  # Its children start as it was started.
-  assert ("bertjax's tunables" in result["describe"]) == tuned
+  assert ("bertjax's tunables" in result["describe"]) == (tuned is not None)
+  assert ("without the one arena" in result["describe"]) == (tuned == "keep_freed")
   assert f"{hostmem.SETTING}={setting or 'auto'}" in result["describe"]
 
 

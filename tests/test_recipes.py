@@ -102,6 +102,23 @@ def test_pretrain_in_processes_runs_one_after_another_or_at_once(tmp_path, monke
   assert (tmp_path / "a" / "pretrain.log").exists()
 
 
+def test_a_rerun_keeps_finished_runs_and_refuses_other_arguments(tmp_path, monkeypatch):
+  (tmp_path / "fake_recipe.py").write_text(_FAKE_RECIPE)
+  monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+  argv = [str(tmp_path), ""]
+  first = recipes.pretrain_in_processes("fake_recipe", ["a"], str(tmp_path), argv,
+                                        side_by_side=False)
+  (tmp_path / "a.started").unlink()
+  # Finished: not run again (no new .started file), the same curve.
+  again = recipes.pretrain_in_processes("fake_recipe", ["a", "b"], str(tmp_path), argv,
+                                        side_by_side=False)
+  assert again["a"] == first["a"] and not (tmp_path / "a.started").exists()
+  assert (tmp_path / "b.started").exists()
+  with pytest.raises(SystemExit, match=r"/a: a finished run of .*, not .* a; use another"):
+    recipes.pretrain_in_processes("fake_recipe", ["a"], str(tmp_path), [str(tmp_path), "a"],
+                                  side_by_side=True)
+
+
 def test_pretrain_in_processes_names_the_failed_recipe_and_stops(tmp_path, monkeypatch):
   (tmp_path / "fake_recipe.py").write_text(_FAKE_RECIPE)
   monkeypatch.setenv("PYTHONPATH", str(tmp_path))

@@ -39,11 +39,10 @@ def test_base_step_ms_flag_replaces_named_entries_and_names_bad_ones():
 
 
 def test_cells_give_median_and_range_and_count_seeds_that_never_reach():
-  assert time_to_quality._cell([3, 1, 2], "{:.0f}") == "2 (1-3)"  # pylint: disable=protected-access
-  assert time_to_quality._cell([5], "{:.1f}") == "5.0"  # pylint: disable=protected-access
-  assert time_to_quality._cell([None, 4, 2], "{:.0f}") == (  # pylint: disable=protected-access
-      "3 (2-4), 1 of 3 seeds not reached")
-  assert time_to_quality._cell([None], "{:.0f}") == "not reached"  # pylint: disable=protected-access
+  assert recipes.cell([3, 1, 2], "{:.0f}") == "2 (1-3)"
+  assert recipes.cell([5], "{:.1f}") == "5.0"
+  assert recipes.cell([None, 4, 2], "{:.0f}") == "3 (2-4), 1 of 3 seeds not reached"
+  assert recipes.cell([None], "{:.0f}") == "not reached"
   assert time_to_quality._first([0.1, None, 0.3, 0.5], 0.3) == 2  # pylint: disable=protected-access
   assert time_to_quality._first([0.1], 0.3) is None  # pylint: disable=protected-access
 

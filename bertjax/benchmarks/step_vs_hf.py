@@ -21,7 +21,7 @@ from them.
 
 Each side runs in its own process: bertjax with the glibc malloc settings
 that the default BERTJAX_HOST_MALLOC=auto gives `python -m bertjax.main` on
-the CPU for this model (bertjax/records/hostmem.py: the tunables for a hidden
+the CPU for this model (bertjax/records/hostmem.py: TUNABLES for a hidden
 size of 256 or more), transformers with glibc's defaults; any GLIBC_TUNABLES
 this command is given reaches neither.
 Two more processes swap them (bertjax with the defaults, transformers with
@@ -156,12 +156,14 @@ def _summary(values):
   return f"median {statistics.median(values):.1f} (range {min(values):.1f}-{max(values):.1f})"
 
 
-# name -> (which step, whether the process runs with bertjax's malloc settings)
-SIDES = {  # name -> (the step, with bertjax's tunables)
-    "bertjax": ("bertjax", hostmem.wanted_tunables({"JAX_PLATFORMS": "cpu"}, HIDDEN) is not None),
-    "bertjax, glibc defaults": ("bertjax", False),
-    "transformers": ("transformers", False),
-    "transformers, bertjax's malloc": ("transformers", True),
+# What BERTJAX_HOST_MALLOC=auto runs this model with ("": glibc's defaults).
+AUTO = hostmem.wanted_tunables({"JAX_PLATFORMS": "cpu"}, HIDDEN) or ""
+# name -> (which step, the GLIBC_TUNABLES its process starts with)
+SIDES = {
+    "bertjax": ("bertjax", AUTO),
+    "bertjax, glibc defaults": ("bertjax", ""),
+    "transformers": ("transformers", ""),
+    "transformers, bertjax's malloc": ("transformers", AUTO),
 }
 
 
@@ -191,10 +193,10 @@ def _worker(step_name: str, warmup: int):
 
 
 def _start(name: str, warmup: int) -> tuple[subprocess.Popen, float]:
-  step_name, tuned = SIDES[name]
+  step_name, tunables = SIDES[name]
   env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-  if tuned:
-    env["GLIBC_TUNABLES"] = hostmem.TUNABLES
+  if tunables:
+    env["GLIBC_TUNABLES"] = tunables
   proc = subprocess.Popen(
       [sys.executable, "-m", "bertjax.benchmarks.step_vs_hf", "--worker", step_name,
        "--warmup", str(warmup)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -239,9 +241,9 @@ def main():
         f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
   print(f"L={LAYERS} H={HIDDEN} A={HEADS} F={FFN} vocab {VOCAB}, batch {BATCH} x {SEQ}, "
         f"{PREDICTIONS} predictions, fp32, dropout {DROPOUT}")
-  auto = "the tunables" if SIDES["bertjax"][1] else "glibc's defaults"
   print(f"bertjax's side: what BERTJAX_HOST_MALLOC=auto runs a hidden size of {HIDDEN} with, "
-        f"{auto} (GLIBC_TUNABLES={hostmem.TUNABLES} at {hostmem.AUTO_MIN_HIDDEN} or more)")
+        f"GLIBC_TUNABLES={AUTO or '(unset)'} (auto takes the tunables at "
+        f"{hostmem.AUTO_MIN_HIDDEN} or more, glibc's defaults below)")
   print("setup + compile  " + ", ".join(f"{k} {v:.1f} s" for k, v in setup.items()))
   for name in SIDES:
     print(f"{name:31s} sequences/s {_summary(rates[name])} over {args.rounds} rounds "

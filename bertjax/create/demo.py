@@ -5,12 +5,13 @@ Every Python ships its language reference as text in `pydoc_data.topics`
 in the library's sources. `ensure_demo_data` turns both into documents of
 sentences (one per section of a reference topic, one per library class and
 one per library module's own functions: about 1.5 MB of English prose),
-holds out ~10% of the documents for evaluation, trains a small WordPiece
-vocab on the training documents and creates pre-masked TFRecords for both
-pretraining phases:
+holds out whole sources (reference topics and library files) holding ~10% of
+the documents for evaluation, trains a small WordPiece vocab on the training
+documents and creates pre-masked TFRecords for both pretraining phases:
 
   data_dir/
     text/train.txt, text/eval.txt  sentences per line, blank line between docs
+    text/sources.json              each split's sources
     vocab.txt                      WordPiece vocab (training documents only)
     train_128/ eval_128/           max_seq_length 128, max_predictions 20
     train_512/ eval_512/           max_seq_length 512, max_predictions 80
@@ -22,6 +23,7 @@ and dataset creation resumes by itself).
 """
 
 import ast
+import json
 import os
 import random
 import re
@@ -34,6 +36,9 @@ from bertjax.records import fileio
 from bertjax.records import schema
 
 PHASES = {128: 20, 512: 80}  # max_seq_length -> max_predictions_per_seq
+# WordPiece vocab of the demo corpus: small, since the masked-LM projection onto
+# the vocab is a large share of the demo model's step (docs/demo.md).
+VOCAB_SIZE = 3000
 _HEADING_UNDERLINE = re.compile(r"^([=\-*~^+#\"])\1{2,}$")
 _BULLET = re.compile(r"^(\*|-|\d+\.)\s+")
 
@@ -93,11 +98,12 @@ def _split_sentences(text: str) -> list[str]:
   return [s for s in corpus.split_sentences(text) if s.strip()]
 
 
-def _topic_sections() -> Iterator[list[list[list[str]]]]:
-  """Per reference topic, its sections' paragraphs of prose."""
+def _topic_sections() -> Iterator[tuple[str, list[list[list[str]]]]]:
+  """Per reference topic, its source name ("reference:NAME") and its sections'
+  paragraphs of prose."""
   import pydoc_data.topics  # pylint: disable=g-import-not-at-top
   for name in sorted(pydoc_data.topics.topics):
-    yield _sections(pydoc_data.topics.topics[name])
+    yield f"reference:{name}", _sections(pydoc_data.topics.topics[name])
 
 
 _SKIPPED_LIBRARY_DIRS = {"test", "tests", "idlelib", "turtledemo", "lib2to3",
@@ -141,9 +147,9 @@ def python_sources(root: str, skipped_dirs=frozenset()) -> list[str]:
   return sorted(paths)
 
 
-def module_sections(paths: Iterable[str]) -> Iterator[list[list[str]]]:
-  """Per Python source file, its docstrings' prose paragraphs by section;
-  files that do not parse are passed over."""
+def module_sections(paths: Iterable[str]) -> Iterator[tuple[str, list[list[str]]]]:
+  """Per Python source file, its path and its docstrings' prose paragraphs by
+  section; files that do not parse are passed over."""
   for path in paths:
     try:
       with open(path, encoding="utf-8") as f:
@@ -152,21 +158,23 @@ def module_sections(paths: Iterable[str]) -> Iterator[list[list[str]]]:
       continue
     sections = _docstring_sections(tree)
     if sections:
-      yield sections
+      yield path, sections
 
 
-def documents_from_sections(modules: Iterable[list[list[str]]],
-                            min_sentences: int = 3) -> list[list[str]]:
-  """Documents (lists of sentences) from sections of prose paragraphs.
+def documents_by_source(sources: Iterable[tuple[str, list[list[str]]]],
+                        min_sentences: int = 3) -> list[tuple[str, list[list[str]]]]:
+  """Per source (a name, and the sections of prose paragraphs of one topic or
+  module), its name and its documents (lists of sentences), in order; sources
+  left without a document are dropped.
 
   A section with fewer than `min_sentences` sentences joins the document before
   it (of the same topic or module). Text recurs (topics share sections, classes
   repeat their methods' docs), so a sentence of five or more words is kept
-  only where it first appears; a document left with fewer than two sentences
-  is dropped.
+  only where it first appears, and so belongs to one source; a document left
+  with fewer than two sentences is dropped.
   """
-  docs, seen = [], set()
-  for sections in modules:
+  out, seen = [], set()
+  for name, sections in sources:
     topic_docs = []
     for paragraphs in sections:
       sentences = []
@@ -183,24 +191,40 @@ def documents_from_sections(modules: Iterable[list[list[str]]],
         topic_docs[-1].extend(sentences)
       else:
         topic_docs.append(sentences)
-    docs.extend(d for d in topic_docs if len(d) >= 2)
-  return docs
+    docs = [d for d in topic_docs if len(d) >= 2]
+    if docs:
+      out.append((name, docs))
+  return out
+
+
+def documents_from_sections(sources: Iterable[tuple[str, list[list[str]]]],
+                            min_sentences: int = 3) -> list[list[str]]:
+  """The documents of `documents_by_source`, one list."""
+  return [d for _, docs in documents_by_source(sources, min_sentences) for d in docs]
+
+
+def demo_sources(min_sentences: int = 3) -> list[tuple[str, list[list[str]]]]:
+  """The demo corpus by source, in a fixed order: each reference topic
+  ("reference:NAME"), then each standard-library file (its path relative to
+  the library, e.g. "asyncio/tasks.py"), with its documents (see
+  `documents_by_source`)."""
+  root = sysconfig.get_paths()["stdlib"]
+  library = ((os.path.relpath(path, root), sections) for path, sections in
+             module_sections(python_sources(root, _SKIPPED_LIBRARY_DIRS)))
+  return documents_by_source([*_topic_sections(), *library], min_sentences)
 
 
 def demo_documents(min_sentences: int = 3) -> list[list[str]]:
   """The documents (lists of sentences) of the demo corpus, in a fixed order:
-  the reference topics' sections, then the standard library's modules (see
-  `documents_from_sections`)."""
-  library = python_sources(sysconfig.get_paths()["stdlib"], _SKIPPED_LIBRARY_DIRS)
-  return documents_from_sections([*_topic_sections(), *module_sections(library)],
-                                 min_sentences)
+  the reference topics' sections, then the standard library's modules."""
+  return [d for _, docs in demo_sources(min_sentences) for d in docs]
 
 
 def _format(docs: list[list[str]]) -> str:
   return "\n\n".join("\n".join(d) for d in docs) + "\n"
 
 
-def ensure_demo_data(data_dir: str, *, vocab_size: int = 6000,
+def ensure_demo_data(data_dir: str, *, vocab_size: int = VOCAB_SIZE,
                      dupe_factor: int = 10, eval_dupe_factor: int = 10,
                      eval_fraction: float = 0.1, seed: int = 12345,
                      phases: Optional[dict[int, int]] = None,
@@ -214,7 +238,8 @@ def ensure_demo_data(data_dir: str, *, vocab_size: int = 6000,
   default {128: 20, 512: 80}), the glob is `data_dir/{split}_{L}/part-*.tfrecord`
   (metadata.json beside the shards), the file pattern pipeline.TrainSource
   and evaluation.eval_batches take. The documents are split between train and
-  eval at random (seeded), disjointly.
+  eval by source (split_by_source: whole topics and files, drawn at random
+  with `seed`).
 
   Another `objective` (schema.OBJECTIVES) makes the training records for it
   in `train_{L}_{objective}`; the held-out records stay the paper's
@@ -266,15 +291,48 @@ def ensure_demo_data(data_dir: str, *, vocab_size: int = 6000,
   return paths
 
 
+def split_by_source(sources: list[tuple[str, list[list[str]]]], eval_fraction: float,
+                    seed: int) -> dict[str, list[tuple[str, list[list[str]]]]]:
+  """{"train": sources, "eval": sources}: whole sources (demo_sources' topics
+  and files) drawn at random (seeded) for "eval" until they hold
+  `eval_fraction` of the documents (at least two), the rest "train"; each
+  split's sources in their order in `sources`. No source has documents on
+  both sides, so no topic or file is seen in pretraining and held out too."""
+  order = list(range(len(sources)))
+  random.Random(seed).shuffle(order)
+  wanted = max(2, int(round(sum(len(docs) for _, docs in sources) * eval_fraction)))
+  held, count = set(), 0
+  for i in order:
+    if count >= wanted:
+      break
+    held.add(i)
+    count += len(sources[i][1])
+  return {"train": [s for i, s in enumerate(sources) if i not in held],
+          "eval": [s for i, s in enumerate(sources) if i in held]}
+
+
+def sources_path(data_dir: str) -> str:
+  """data_dir/text/sources.json: each split's sources ({"train": [...], "eval": [...]})."""
+  return os.path.join(data_dir, "text", "sources.json")
+
+
 def _write_demo_text(paths, eval_fraction, seed, log) -> None:
-  """Writes the demo documents, split at random into train and eval text."""
-  docs = demo_documents()
-  random.Random(seed).shuffle(docs)
-  num_eval = max(2, int(round(len(docs) * eval_fraction)))
-  fileio.write_text(paths["eval_text"], _format(docs[:num_eval]))
-  fileio.write_text(paths["train_text"], _format(docs[num_eval:]))
-  log(f"demo corpus: {len(docs) - num_eval} training and {num_eval} "
-      f"evaluation documents in {os.path.dirname(paths['train_text'])}")
+  """Writes the demo documents, split by source into train and eval text
+  (split_by_source), each split's documents in a seeded random order, and
+  each split's sources beside them (sources_path)."""
+  splits = split_by_source(demo_sources(), eval_fraction, seed)
+  counts = {}
+  fileio.write_text(sources_path(os.path.dirname(os.path.dirname(paths["train_text"]))),
+                    json.dumps({k: [name for name, _ in v] for k, v in splits.items()},
+                               indent=0))
+  for split, sources in splits.items():
+    docs = [d for _, source_docs in sources for d in source_docs]
+    random.Random(seed).shuffle(docs)
+    fileio.write_text(paths[f"{split}_text"], _format(docs))
+    counts[split] = (len(docs), len(sources))
+  log(f"demo corpus: {counts['train'][0]} training documents from {counts['train'][1]} "
+      f"sources and {counts['eval'][0]} evaluation documents from {counts['eval'][1]} "
+      f"others in {os.path.dirname(paths['train_text'])}")
 
 
 def prepare_config(config, workdir: str, **data_options) -> Optional[dict]:

@@ -66,14 +66,25 @@ def under(base: str, path: str) -> str:
 
 
 _tf_module = None
+# TensorFlow's start-up lines, which its C++ libraries print when they load:
+# absl's "All log messages before absl::InitializeLog() is called are written
+# to STDERR" and oneDNN's notice that its custom operations are on (each once
+# per TensorFlow library that loads). bertjax computes nothing with TensorFlow,
+# so oneDNN's kernels have nothing to do here; without them, the INFO level that
+# TF_CPP_MIN_LOG_LEVEL=1 leaves out is all TensorFlow would print at start-up.
+# Set only where the environment does not already say otherwise.
+TF_QUIET_ENV = {"TF_CPP_MIN_LOG_LEVEL": "1", "TF_ENABLE_ONEDNN_OPTS": "0"}
 
 
 def tensorflow():
   """TensorFlow, imported on first use with every accelerator hidden from it
   (bertjax uses it for files, tf.data and TF1 checkpoints, never for compute
-  on a device, whose memory it leaves to JAX)."""
+  on a device, whose memory it leaves to JAX) and without its start-up lines
+  (TF_QUIET_ENV, unless the environment sets those variables)."""
   global _tf_module
   if _tf_module is None:
+    for name, value in TF_QUIET_ENV.items():
+      os.environ.setdefault(name, value)
     import tensorflow as tf  # pylint: disable=g-import-not-at-top
     for kind in ("GPU", "TPU"):
       try:

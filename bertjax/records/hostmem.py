@@ -10,12 +10,15 @@ which prints them (docs/performance.md).
 
 `TUNABLES` keep freed memory in the process instead: one arena (every thread
 allocates from the main heap), no mmap for large blocks, and a 2 GiB trim
-threshold. They pay off for a CPU step with large temporaries (the L=4/H=256
-step above: about 20.5 sequences/s against 17) and cost a small one (the
-demo's L=2/H=128 step: about 250 against 300, its threads then sharing one
-arena's lock; without the one-arena part the large step gains nothing), so
-BERTJAX_HOST_MALLOC=auto, the default, chooses by the model: the tunables
-for hidden sizes of AUTO_MIN_HIDDEN (256) or more, glibc's defaults below.
+threshold. The one-arena part pays off for a CPU step with large
+temporaries (an L=4/H=256 step: 37.7 sequences/s against 32.5 with glibc's
+defaults in `python -m bertjax.benchmarks.malloc_bench`; without the one
+arena it gains nothing, its worker threads' arenas still being unmapped)
+and costs a small one (the demo's L=2/H=128 step: 305 against 364, its
+threads then sharing one arena's lock; `KEEP_FREED`, the tunables without
+the one arena, 345). docs/performance.md has the table. So BERTJAX_HOST_MALLOC=auto, the
+default, chooses by the model: `TUNABLES` for hidden sizes of
+AUTO_MIN_HIDDEN (256) or more, glibc's defaults below.
 `tuned` and `default` force either. glibc reads GLIBC_TUNABLES when the
 process starts, before any thread has its own arena, so the process
 re-executes once with them: `reexec_for_cpu(module)` at start-up, before
@@ -59,8 +62,11 @@ import sys
 from typing import Iterator, Mapping, MutableMapping, Optional, Sequence
 
 TRIM_THRESHOLD = 2**31 - 1  # mallopt takes an int
-TUNABLES = ("glibc.malloc.arena_max=1:glibc.malloc.mmap_max=0:"
-            f"glibc.malloc.trim_threshold={TRIM_THRESHOLD}")
+# No mmap for large blocks and a 2 GiB trim threshold: freed blocks stay in the
+# process for the next step (malloc_bench compares it; no setting picks it alone).
+KEEP_FREED = f"glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold={TRIM_THRESHOLD}"
+# The same and one arena for every thread: what `auto` runs a large model with.
+TUNABLES = f"glibc.malloc.arena_max=1:{KEEP_FREED}"
 SETTING = "BERTJAX_HOST_MALLOC"  # auto (unset): TUNABLES for large models; tuned: always; default: never
 _CHOICES = ("auto", "tuned", "default")
 # `auto` re-executes with TUNABLES for models of this hidden size or more.
@@ -222,7 +228,7 @@ def reexec_for_cpu(module: str) -> None:
 
 def reexec_for_model(module: str, hidden_size: int) -> None:
   """What `auto` chooses, once the program knows its model: as reexec_for_cpu,
-  with the tunables where the model's hidden size is AUTO_MIN_HIDDEN or more.
+  with `TUNABLES` where the model's hidden size is AUTO_MIN_HIDDEN or more.
   Call it after reading the config and before the work (a re-execution
   starts the command again)."""
   if _REEXECUTED_HERE:
@@ -246,6 +252,9 @@ def describe() -> str:
   setting = os.environ.get(SETTING, "auto")
   if active():
     return f"glibc malloc: bertjax's tunables ({TUNABLES}; {SETTING}={setting})"
+  if keeps_freed():
+    return (f"glibc malloc: bertjax's tunables without the one arena ({KEEP_FREED}; "
+            f"{SETTING}={setting})")
   started = f"GLIBC_TUNABLES={_STARTED_WITH}" if _STARTED_WITH else "glibc's defaults"
   return f"glibc malloc: {started} ({SETTING}={setting})"
 
@@ -261,6 +270,11 @@ def active() -> bool:
   return TUNABLES in (_STARTED_WITH or "")
 
 
+def keeps_freed() -> bool:
+  """Whether this process started with `KEEP_FREED` (alone or in `TUNABLES`)."""
+  return KEEP_FREED in (_STARTED_WITH or "")
+
+
 def restore_malloc_thresholds() -> bool:
   """Undoes the fixed glibc thresholds that tf.data's generator dataset sets.
 
@@ -268,8 +282,9 @@ def restore_malloc_thresholds() -> bool:
   fixes the mmap threshold at 128 KiB: from then on every buffer over 128 KiB
   that XLA's CPU runtime allocates is a fresh mmap, page-faulted in and
   unmapped again, each step (the demo's CPU train step ran 15-20% slower).
-  Under `TUNABLES` this sets their trim threshold again (mmap stays off);
-  otherwise the ceilings that glibc's own adaptive thresholds reach. A no-op
+  Under `KEEP_FREED` (alone or in `TUNABLES`) this sets their trim threshold
+  again (mmap stays off); otherwise the ceilings that glibc's own adaptive
+  thresholds reach. A no-op
   where libc has no mallopt; returns whether both were set.
   """
   try:
@@ -277,7 +292,7 @@ def restore_malloc_thresholds() -> bool:
     mallopt = ctypes.CDLL(None).mallopt
   except (AttributeError, OSError):
     return False
-  trim = TRIM_THRESHOLD if active() else 64 << 20
+  trim = TRIM_THRESHOLD if keeps_freed() else 64 << 20
   mmap_set = mallopt(_M_MMAP_THRESHOLD, 32 << 20)
   trim_set = mallopt(_M_TRIM_THRESHOLD, trim)
   return bool(mmap_set and trim_set)

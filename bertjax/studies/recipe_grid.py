@@ -9,9 +9,9 @@ Coordinate search from the first value of each list (configs/modern.py's
 recipe at demo scale: 1.25x tiny.py's rate, 6% warmup, 30% masking): every
 learning rate at the first warmup and masking rate; then every warmup at the
 best rate; then every masking rate at the best rate and warmup. "Best" is the
-highest non-NSP mean of the suite (studies/suite.py: doc_area accuracy and
-word_area F1), fine-tuned from the run's final checkpoint; the held-out MLM
-accuracy and the run's wall time are reported beside it. Each
+highest transfer mean of the suite (studies/suite.py: same_document's and
+related_words' accuracy), fine-tuned from the run's final checkpoint; the
+held-out MLM accuracy and the run's wall time are reported beside it. Each
 run is its own process, alone on the machine (time_to_quality's runs), all on
 one build of the demo data (workdir/demo_data). A point's scores are kept in
 workdir/POINT/result.json: a rerun in the same workdir measures only the
@@ -106,7 +106,7 @@ def main():
          f"--modern_mask_rate={mask}"], side_by_side=False)[run_name]
     final = os.path.join(curve.workdir, "checkpoints", str(curve.steps[-1]))
     scores = suite.score(final, data_dir, os.path.join(point, "suite"), seed=args.seed,
-                         tasks=suite.NON_NSP)
+                         tasks=suite.TRANSFER)
     results[name] = dict(scores, lr_scale=lr, warmup_pct=warmup, mask_rate=mask,
                          mlm_accuracy=recipes.mlm_accuracy(final, pattern,
                                                            args.eval_batches or None),
@@ -115,7 +115,7 @@ def main():
     print(f"{name}: {results[name]}", flush=True)
     return results[name]
 
-  lr, warmup, mask = coordinate_search(lambda p: run(*p)["non_nsp_mean"], lrs, warmups, masks)
+  lr, warmup, mask = coordinate_search(lambda p: run(*p)[suite.SUMMARY], lrs, warmups, masks)
   chosen = point_name(lr, warmup, mask)
   command = ("python -m bertjax.studies.recipe_grid "
              f"--workdir={args.workdir} --total_steps={args.total_steps} "
@@ -123,15 +123,15 @@ def main():
              f"--mask_rates={args.mask_rates} --seed={args.seed} "
              f"--eval_batches={args.eval_batches}")
   lines = [f"`{command}`", "",
-           "| run | lr (x tiny.py's) | warmup % | masking | doc_area | word_area F1 | "
-           "non-NSP mean | held-out MLM acc | wall s |", "|---|---|---|---|---|---|---|---|---|"]
+           "| run | lr (x tiny.py's) | warmup % | masking | same_document | related_words | "
+           "transfer mean | held-out MLM acc | wall s |", "|---|---|---|---|---|---|---|---|---|"]
   for name, r in results.items():
     label = name + (" (chosen)" if name == chosen else "")
     knobs = f"| {r['lr_scale']:g} | {r['warmup_pct']:g} | {r['mask_rate']:g}"
-    lines.append(f"| {label} {knobs} | {r['doc_area']:.3f} | {r['word_area']:.3f} | "
-                 f"{r['non_nsp_mean']:.3f} | {r['mlm_accuracy']:.4f} | {r['wall_s']:.0f} |")
+    lines.append(f"| {label} {knobs} | {r['same_document']:.3f} | {r['related_words']:.3f} | "
+                 f"{r[suite.SUMMARY]:.3f} | {r['mlm_accuracy']:.4f} | {r['wall_s']:.0f} |")
   lines += ["", f"Chosen: --modern_lr_scale={lr:g} --modern_warmup_pct={warmup:g} "
-            f"--modern_mask_rate={mask:g} (non-NSP mean {results[chosen]['non_nsp_mean']:.3f})."]
+            f"--modern_mask_rate={mask:g} (transfer mean {results[chosen][suite.SUMMARY]:.3f})."]
   table = "\n".join(lines)
   print(table)
   with open(os.path.join(root, "grid.md"), "w", encoding="utf-8") as f:

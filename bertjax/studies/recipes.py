@@ -15,6 +15,7 @@ positions for every recipe), and fine-tuned on the downstream suite
 import dataclasses
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -149,15 +150,30 @@ def pretrain_in_processes(module: str, names: list[str], root: str, argv: list[s
   a user would run it.
 
   The child process builds its recipe's config from its name and calls
-  `pretrain_child`. The demo data must exist before (prepare_data).
+  `pretrain_child`. The demo data must exist before (prepare_data). A recipe
+  whose root/NAME/curve.json exists (written when its run finished) is not run
+  again: a rerun of a study in the same root scores the finished runs anew
+  without changing their wall times. Only with the same `argv`
+  (root/NAME/argv.json): other arguments are an error naming the directory.
   """
   def start(name):
     os.makedirs(os.path.join(root, name), exist_ok=True)
+    write_json(os.path.join(root, name, "argv.json"), argv)
     log = open(os.path.join(root, name, "pretrain.log"), "w", encoding="utf-8")  # pylint: disable=consider-using-with
     command = [sys.executable, "-m", module, f"--_pretrain={name}"] + argv
     return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), log  # pylint: disable=consider-using-with
 
-  for group in [names] if side_by_side else [[name] for name in names]:
+  todo = []
+  for name in names:
+    if not os.path.exists(os.path.join(root, name, "curve.json")):
+      todo.append(name)
+      continue
+    with open(os.path.join(root, name, "argv.json"), encoding="utf-8") as f:
+      before = json.load(f)
+    if before != argv:
+      raise SystemExit(f"{os.path.join(root, name)}: a finished run of {' '.join(before)}, "
+                       f"not {' '.join(argv)}; use another workdir")
+  for group in ([todo] if todo else []) if side_by_side else [[name] for name in todo]:
     procs = {name: start(name) for name in group}
     failed = []
     for name, (proc, log) in procs.items():
@@ -279,6 +295,20 @@ def parse_seeds(parser, text: str) -> list[int]:
   if not seeds:
     parser.error("--seeds: give at least one seed")
   return seeds
+
+
+def cell(values, fmt: str = "{:.3f}") -> str:
+  """The median of the known `values` (None: a seed that never reached a
+  target), their range where there are several, and how many are unknown."""
+  known = [v for v in values if v is not None]
+  if not known:
+    return "not reached"
+  text = fmt.format(statistics.median(known))
+  if len(known) > 1:
+    text += " (" + fmt.format(min(known)) + "-" + fmt.format(max(known)) + ")"
+  if len(known) < len(values):
+    text += f", {len(values) - len(known)} of {len(values)} seeds not reached"
+  return text
 
 
 def median(x) -> float:

@@ -1,26 +1,36 @@
-"""The demo's downstream suite: three tasks from the demo corpus, fine-tuned from
-any demo-scale checkpoint with one command.
+"""The demo's downstream suite: tasks from the demo corpus, fine-tuned from any
+demo-scale checkpoint with one command, each beside random initialisation and a
+bag-of-words baseline trained on the same rows.
 
   python -m bertjax.studies.suite --data_dir=WORKDIR/demo_data \\
-      --checkpoint=WORKDIR/checkpoints/1800 [--checkpoint=...] [--random_init] \\
+      --checkpoint=WORKDIR/checkpoints [--checkpoint=...] [--random_init] \\
       [--seeds=0] --workdir=/tmp/suite
 
-The tasks (configs/finetune/demo.py, doc_area.py and word_area.py):
-  same_document  sentence pairs: from the same document or not (accuracy). It
-                 asks what next-sentence prediction trains.
+The tasks (configs/finetune/demo.py and the task's name .py):
+  same_document  sentence pairs: is sentence B the one after sentence A in its
+                 document, or from another document (accuracy)? It asks what
+                 next-sentence prediction trains.
+  related_words  word pairs: do two words belong to the same part of Python
+                 (accuracy)? The dev pairs hold only words that no training
+                 pair holds.
   doc_area       single sentence: which of nine parts of Python it documents
-                 (accuracy).
+                 (accuracy); a reference column: a bag of words does it well.
   word_area      token tagging: each word that several parts of Python use,
-                 tagged with the part its sentence documents (span F1).
-Train and dev are split by document: dev comes from the demo's held-out
-documents, which pretraining never reads. The suite's summary figure is the
-mean over the tasks that do not ask NSP's question (NON_NSP: doc_area and
-word_area). --random_init scores random initialisation with the same
-budget, the floor a pretrained checkpoint must clear. Each (checkpoint,
-seed) is fine-tuned once per task; prints one row per checkpoint (the median
-over seeds where there are several) and writes workdir/suite.json and
-workdir/suite.md. time_to_quality and ablation score their checkpoints
-with `score`.
+                 tagged with the part its sentence documents (span F1); a
+                 reference column, as doc_area.
+On the first two a bag of words is at chance by construction: whether two
+sentences belong together is a relation between the segments, which no
+weighting of their word counts expresses, and the dev words of related_words
+never occur in its training rows. The suite's summary figure is the transfer
+mean over those two (TRANSFER). same_document's and the reference columns'
+train and dev are split by source file (a reference topic or a library
+module): dev comes from the demo's held-out sources, which pretraining never
+reads; related_words' by word. --random_init scores random initialisation with the same budget, the floor
+a pretrained checkpoint must clear; the bag-of-words row needs no checkpoint
+(bertjax/tasks/bag_of_words.py). Each (checkpoint, seed) is fine-tuned once
+per task; prints one row per checkpoint (the median over seeds where there are
+several) and writes workdir/suite.json and workdir/suite.md.
+time_to_quality, recipe_grid and ablation score their checkpoints with `score`.
 """
 
 import argparse
@@ -37,19 +47,36 @@ from bertjax.tasks import registry
 from bertjax.train import cli
 from bertjax.train import profiling
 
-TASKS = ("same_document", "doc_area", "word_area")
-NON_NSP = ("doc_area", "word_area")  # The tasks the non-NSP mean is over.
-_CONFIGS = {"same_document": "demo", "doc_area": "doc_area", "word_area": "word_area"}
+TASKS = ("same_document", "related_words", "doc_area", "word_area")
+TRANSFER = ("same_document", "related_words")  # The tasks the transfer mean is over.
+SUMMARY = "transfer_mean"  # The suite's summary figure: the mean over TRANSFER.
+REFERENCE = ("doc_area", "word_area")  # Lexical: a bag of words does them well.
+_CONFIGS = {"same_document": "demo"}  # Else configs/finetune/TASK.py.
+BAG_OF_WORDS = "bag of words"  # The baseline's row.
 
 
 def task_config(task: str):
-  """configs/finetune/{demo,doc_area,word_area}.py's config for `task`."""
+  """configs/finetune/demo.py's config for same_document, else configs/finetune/TASK.py's."""
   sys.path.insert(0, os.path.join(recipes.REPO, "configs", "finetune"))
-  return __import__(_CONFIGS[task]).get_config()
+  return __import__(_CONFIGS.get(task, task)).get_config()
 
 
-def non_nsp_mean(scores: dict[str, float]) -> float:
-  return statistics.fmean(scores[t] for t in NON_NSP)
+def transfer_mean(scores: dict[str, float]) -> float:
+  return statistics.fmean(scores[t] for t in TRANSFER)
+
+
+def _config(task: str, checkpoint: str, data_dir: str, seed: int,
+            vocab_file: Optional[str]):
+  """`task`'s config fine-tuning from `checkpoint` ("": random initialisation)
+  on the demo data in `data_dir`, the paths as given."""
+  config = task_config(task)
+  config.within_workdir = False
+  config.random_init_baseline = False
+  config.init_from = checkpoint
+  config.seed = seed
+  config.data_dir = data_dir
+  config.vocab_file = vocab_file or os.path.join(data_dir, "vocab.txt")
+  return config
 
 
 def finetune_task(task: str, checkpoint: str, data_dir: str, workdir: str, *, seed: int = 0,
@@ -60,13 +87,7 @@ def finetune_task(task: str, checkpoint: str, data_dir: str, workdir: str, *, se
   initialisation with the demo model's architecture) on the demo data in
   `data_dir`, with the task config's budget unless num_epochs says otherwise
   (segment_b_init, if given, replaces the config's)."""
-  config = task_config(task)
-  config.within_workdir = False
-  config.random_init_baseline = False
-  config.init_from = checkpoint
-  config.seed = seed
-  config.data_dir = data_dir
-  config.vocab_file = vocab_file or os.path.join(data_dir, "vocab.txt")
+  config = _config(task, checkpoint, data_dir, seed, vocab_file)
   if num_epochs is not None:
     config.num_epochs = num_epochs
   if segment_b_init is not None:
@@ -82,30 +103,49 @@ def score(checkpoint: str, data_dir: str, workdir: str, *, seed: int = 0,
           vocab_file: Optional[str] = None, tasks=TASKS) -> dict[str, float]:
   """Each of `tasks`' dev score fine-tuned from `checkpoint` (finetune_task),
   each in workdir/TASK, after writing the tasks' files from the demo data's
-  text where absent; with every NON_NSP task among `tasks`, also
-  "non_nsp_mean"."""
+  text where absent; with every TRANSFER task among `tasks`, also SUMMARY
+  (transfer_mean)."""
   demo_tasks.ensure_tasks(data_dir)
   scores = {task: finetune_task(task, checkpoint, data_dir, os.path.join(workdir, task),
                                 seed=seed, vocab_file=vocab_file) for task in tasks}
-  if all(t in scores for t in NON_NSP):
-    scores["non_nsp_mean"] = non_nsp_mean(scores)
+  if all(t in scores for t in TRANSFER):
+    scores[SUMMARY] = transfer_mean(scores)
   return scores
+
+
+def bag_of_words(data_dir: str, *, vocab_file: Optional[str] = None,
+                 tasks=TASKS) -> dict[str, float]:
+  """Each of `tasks`' dev score from the bag-of-words baseline
+  (tasks.loop.bag_of_words_baseline) trained on the task's training rows, as
+  the task's config reads them; with every TRANSFER task, also SUMMARY."""
+  demo_tasks.ensure_tasks(data_dir)
+  scores = {}
+  for task in tasks:
+    prepared = task_loop.prepare(_config(task, "", data_dir, 0, vocab_file))
+    split = prepared.task.dev_splits[0]
+    scores[task] = task_loop.bag_of_words_baseline(prepared)[split][prepared.task.primary]
+  if all(t in scores for t in TRANSFER):
+    scores[SUMMARY] = transfer_mean(scores)
+  return scores
+
+
+COLUMNS = (*TASKS, SUMMARY)
+NOTE = ("same_document (NSP's question) and related_words (dev words unseen in training "
+        "pairs): accuracy, 0.5 is chance; transfer_mean: their mean; doc_area: accuracy over "
+        "nine areas and word_area: span F1 of the area tags, reference columns (a bag of words "
+        "does them well). bag of words: logistic regression on each row's word-piece counts "
+        "(a pair's two segments counted apart), trained on the same rows.")
 
 
 def table(rows: dict[str, list[dict[str, float]]], command: str) -> str:
   """Markdown: one row per checkpoint, each column's median (range) over its seeds."""
-  columns = [*TASKS, "non_nsp_mean"]
+  columns = [c for c in COLUMNS if all(c in r for runs in rows.values() for r in runs)]
   lines = [f"`{command}`", "",
            "| checkpoint | " + " | ".join(columns) + " |", "|---" * (1 + len(columns)) + "|"]
   for name, runs in rows.items():
-    cells = []
-    for c in columns:
-      values = [r[c] for r in runs]
-      cells.append(f"{statistics.median(values):.3f}" + (
-          f" ({min(values):.3f}-{max(values):.3f})" if len(values) > 1 else ""))
-    lines.append(f"| {name} | " + " | ".join(cells) + " |")
-  lines += ["", "same_document: accuracy (NSP's question); doc_area: accuracy over nine "
-            "areas; word_area: span F1 of the area tags; non_nsp_mean: the mean of the last two."]
+    lines.append(f"| {name} | " + " | ".join(recipes.cell([r[c] for r in runs]) for c in columns)
+                 + " |")
+  lines += ["", NOTE]
   return "\n".join(lines)
 
 
@@ -142,10 +182,11 @@ def main():
   # pretraining runs are other processes, untouched).
   profiling.enable_compilation_cache(os.path.join(root, "compile_cache"))
   rows = {}
+  data_dir = os.path.abspath(args.data_dir)
   for i, (name, path) in enumerate(checkpoints.items()):
-    rows[name] = [score(path, os.path.abspath(args.data_dir),
-                        os.path.join(root, f"run{i}_seed{seed}"), seed=seed)
+    rows[name] = [score(path, data_dir, os.path.join(root, f"run{i}_seed{seed}"), seed=seed)
                   for seed in seeds]
+  rows[BAG_OF_WORDS] = [bag_of_words(data_dir)]
   command = "python -m bertjax.studies.suite " + " ".join(sys.argv[1:])
   text = table(rows, command)
   print(text)

@@ -1,7 +1,7 @@
 """Time to quality: the paper's pretraining recipe against the modern one, at demo
 scale, over several seeds, with a projection to BERT-BASE on one H100.
 
-  python -m bertjax.studies.time_to_quality --workdir=/tmp/ttq [--total_steps=2400]
+  python -m bertjax.studies.time_to_quality --workdir=/tmp/ttq [--total_steps=5600]
       [--checkpoints=8] [--seeds=0,1,2] [--eval_batches=40] [--modern_lr_scale=3]
       [--modern_warmup_pct=0] [--modern_mask_rate=0] [--base_step_ms=...]
 
@@ -19,11 +19,14 @@ first from one seed to the next.
 Every checkpoint is scored on the same held-out records (recipes.eval_pattern,
 15% masking). The paper run's final checkpoint is fine-tuned on the whole
 downstream suite (studies/suite.py); its held-out MLM accuracy and its
-non-NSP mean (the suite's tasks that do not ask NSP's question) are the
-targets of the modern run of the same seed, whose checkpoints are fine-tuned
-on the non-NSP tasks in order until one reaches the target (and its final
-checkpoint on the whole suite). For each recipe and target the table gives
-the steps, the analytic model FLOPs (recipes.train_flops, what the logs' MFU
+transfer mean (the suite's tasks on which a bag of words is at chance:
+same_document and related_words) are the targets of the modern run of the same
+seed, whose checkpoints are fine-tuned on those tasks in order until
+one reaches the target (and its final checkpoint on the whole suite).
+Random initialisation and the bag-of-words baseline are scored beside them.
+A rerun in the same workdir keeps the finished runs (recipes.
+pretrain_in_processes) and scores them again. For each recipe and target the
+table gives the steps, the analytic model FLOPs (recipes.train_flops, what the logs' MFU
 counts), the wall seconds (each checkpoint's save time since its run began)
 and a projection to BERT-BASE on one H100: the steps to the target, phase by
 phase, times each recipe's measured BASE step time at that phase
@@ -35,7 +38,6 @@ Writes workdir/time_to_quality.{md,json,png} and prints the table.
 
 import argparse
 import os
-import statistics
 from typing import Optional
 
 from bertjax.studies import recipes
@@ -45,6 +47,7 @@ from bertjax.train import cli
 from bertjax.train import profiling
 
 RECIPES = {"paper": "paper (mlm+nsp, 15% static)", "modern": "modern (mlm, dynamic masking)"}
+SUMMARY = suite.SUMMARY  # The downstream target: studies/suite.py's summary figure.
 
 # BERT-BASE's train step at batch 256, ms, by (recipe, phase), and where each
 # was measured (docs/benchmarks.md, "Train step on one GPU": one run of
@@ -122,18 +125,6 @@ def _first(values, target) -> Optional[int]:
   return next((i for i, v in enumerate(values) if v is not None and v >= target), None)
 
 
-def _cell(values, fmt) -> str:
-  known = [v for v in values if v is not None]
-  if not known:
-    return "not reached"
-  cell = fmt.format(statistics.median(known))
-  if len(known) > 1:
-    cell += " (" + fmt.format(min(known)) + "-" + fmt.format(max(known)) + ")"
-  if len(known) < len(values):
-    cell += f", {len(values) - len(known)} of {len(values)} seeds not reached"
-  return cell
-
-
 def _plot(curves, downstream_points, path):
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
@@ -153,7 +144,7 @@ def _plot(curves, downstream_points, path):
   ax.set_ylabel("held-out MLM accuracy (15% masking)")
   ax.legend(loc="lower right", fontsize=8)
   bx.set_xlabel("wall seconds since the run began")
-  bx.set_ylabel("non-NSP mean (doc_area, word_area)")
+  bx.set_ylabel("transfer mean (same_document, related_words)")
   for a in (ax, bx):
     a.grid(alpha=0.3)
   fig.tight_layout()
@@ -163,7 +154,8 @@ def _plot(curves, downstream_points, path):
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--workdir", required=True)
-  parser.add_argument("--total_steps", type=int, default=2400, help="Steps of each run.")
+  parser.add_argument("--total_steps", type=int, default=5600,
+                      help="Steps of each run (5600: the demo's, configs/tiny.py).")
   parser.add_argument("--checkpoints", type=int, default=8,
                       help="Checkpoints per run, each scored on the held-out records.")
   parser.add_argument("--seeds", default="0,1,2", help="Seeds, comma-separated.")
@@ -223,6 +215,7 @@ def main():
 
   ckpt = lambda c, i: os.path.join(c.workdir, "checkpoints", str(c.steps[i]))
   results, points = {}, {}
+  bag = suite.bag_of_words(data_dir)
   for seed in seeds:
     paper, new = (curves[_run_name(r, seed)] for r in RECIPES)
     suite_dir = lambda name, i: os.path.join(root, "suite", name, str(i))
@@ -231,19 +224,19 @@ def main():
                               seed=seed)
     floor = suite.score("", data_dir, os.path.join(root, "suite", f"random_init_seed{seed}"),
                         seed=seed)
-    # The modern run's checkpoints in order, on the non-NSP tasks, until one
-    # reaches the paper's final non-NSP mean; its final checkpoint on all tasks.
+    # The modern run's checkpoints in order, on the transfer tasks, until one
+    # reaches the paper's final transfer mean; its final checkpoint on all tasks.
     means = [None] * len(new.steps)
     for i in range(len(new.steps) - 1):
       means[i] = suite.score(ckpt(new, i), data_dir, suite_dir(_run_name("modern", seed), i),
-                             seed=seed, tasks=suite.NON_NSP)["non_nsp_mean"]
-      if means[i] >= paper_final["non_nsp_mean"]:
+                             seed=seed, tasks=suite.TRANSFER)[SUMMARY]
+      if means[i] >= paper_final[SUMMARY]:
         break
     modern_final = suite.score(ckpt(new, -1), data_dir,
                                suite_dir(_run_name("modern", seed), len(new.steps) - 1),
                                seed=seed)
-    means[-1] = modern_final["non_nsp_mean"]
-    points[_run_name("paper", seed)] = [(paper.seconds[-1], paper_final["non_nsp_mean"])]
+    means[-1] = modern_final[SUMMARY]
+    points[_run_name("paper", seed)] = [(paper.seconds[-1], paper_final[SUMMARY])]
     points[_run_name("modern", seed)] = [(t, m) for t, m in zip(new.seconds, means)
                                          if m is not None]
     configs = {r: config_of(r, seed) for r in RECIPES}
@@ -256,17 +249,17 @@ def main():
                   "modern": dict(modern_final, mlm_accuracy=new.mlm_accuracy[-1],
                                  step=new.steps[-1], wall_s=new.seconds[-1])},
         "targets": {"mlm_accuracy": paper.mlm_accuracy[-1],
-                    "non_nsp_mean": paper_final["non_nsp_mean"]},
+                    SUMMARY: paper_final[SUMMARY]},
         "reach": {
             "paper": {k: _reach("paper", configs["paper"], models["paper"], paper,
                                 len(paper.steps) - 1, step_ms)
-                      for k in ("mlm_accuracy", "non_nsp_mean")},
+                      for k in ("mlm_accuracy", SUMMARY)},
             "modern": {
                 "mlm_accuracy": _reach("modern", configs["modern"], models["modern"], new,
                                        _first(new.mlm_accuracy, paper.mlm_accuracy[-1]),
                                        step_ms),
-                "non_nsp_mean": _reach("modern", configs["modern"], models["modern"], new,
-                                       _first(means, paper_final["non_nsp_mean"]), step_ms)},
+                SUMMARY: _reach("modern", configs["modern"], models["modern"], new,
+                                _first(means, paper_final[SUMMARY]), step_ms)},
         },
     }
   command = ("python -m bertjax.studies.time_to_quality "
@@ -277,47 +270,50 @@ def main():
                        ("modern_lr_scale", "modern_warmup_pct", "modern_mask_rate")
                        if getattr(args, k))
              + (f" --base_step_ms={args.base_step_ms}" if args.base_step_ms else ""))
-  table = _table(results, seeds, step_ms, command)
+  table = _table(results, bag, seeds, step_ms, command)
   print(table)
   with open(os.path.join(root, "time_to_quality.md"), "w", encoding="utf-8") as f:
     f.write(table + "\n")
   recipes.write_json(os.path.join(root, "time_to_quality.json"),
-                     {"curves": curves, "results": results, "downstream_points": points,
+                     {"curves": curves, "results": results, "bag_of_words": bag,
+                      "downstream_points": points,
                       "base_step_ms": {".".join(k): v for k, v in step_ms.items()},
                       "command": command})
   _plot(curves, points, os.path.join(root, "time_to_quality.png"))
 
 
-def _table(results, seeds, step_ms, command) -> str:
+def _table(results, bag, seeds, step_ms, command) -> str:
   n = len(seeds)
+  cols = ("mlm_accuracy", *suite.TRANSFER, SUMMARY, *suite.REFERENCE)
   lines = [f"`{command}`", "", f"Median (range) over {n} seeds ({', '.join(map(str, seeds))}).",
-           "", "| recipe, at its final step | held-out MLM acc | same_document | doc_area | "
-           "word_area F1 | non-NSP mean | wall s |", "|---|---|---|---|---|---|---|"]
-  cols = ("mlm_accuracy", "same_document", "doc_area", "word_area", "non_nsp_mean")
+           "", "| recipe, at its final step | held-out MLM acc | " + " | ".join(cols[1:])
+           + " | wall s |", "|---" * (len(cols) + 2) + "|"]
   for recipe in RECIPES:
     finals = [results[s]["final"][recipe] for s in seeds]
     lines.append(f"| {RECIPES[recipe]} | " + " | ".join(
-        _cell([f[c] for f in finals], "{:.3f}") for c in cols)
-        + f" | {_cell([f['wall_s'] for f in finals], '{:.0f}')} |")
+        recipes.cell([f[c] for f in finals], "{:.3f}") for c in cols)
+        + f" | {recipes.cell([f['wall_s'] for f in finals], '{:.0f}')} |")
   floors = [results[s]["random_init"] for s in seeds]
   lines.append("| random initialisation | n/a | " + " | ".join(
-      _cell([f[c] for f in floors], "{:.3f}") for c in cols[1:]) + " | n/a |")
+      recipes.cell([f[c] for f in floors], "{:.3f}") for c in cols[1:]) + " | n/a |")
+  lines.append(f"| {suite.BAG_OF_WORDS} (same rows) | n/a | " + " | ".join(
+      f"{bag[c]:.3f}" for c in cols[1:]) + " | n/a |")
   for target, what in (("mlm_accuracy", "the paper recipe's final held-out MLM accuracy"),
-                       ("non_nsp_mean", "the paper recipe's final non-NSP mean")):
+                       (SUMMARY, "the paper recipe's final transfer mean")):
     lines += ["", f"To {what} (each seed's own paper run):", "",
               "| recipe | steps | model PFLOPs | wall s | projected BERT-BASE hours on one "
               "H100 |", "|---|---|---|---|---|"]
     for recipe in RECIPES:
       reach = [results[s]["reach"][recipe][target] for s in seeds]
       get = lambda k: [None if r is None else r[k] for r in reach]
-      lines.append(f"| {RECIPES[recipe]} | {_cell(get('step'), '{:.0f}')} | "
-                   f"{_cell(get('pflops'), '{:.3f}')} | {_cell(get('wall_s'), '{:.0f}')} | "
-                   f"{_cell(get('base_h100_hours'), '{:.4f}')} |")
+      lines.append(f"| {RECIPES[recipe]} | {recipes.cell(get('step'), '{:.0f}')} | "
+                   f"{recipes.cell(get('pflops'), '{:.3f}')} | {recipes.cell(get('wall_s'), '{:.0f}')} | "
+                   f"{recipes.cell(get('base_h100_hours'), '{:.4f}')} |")
   lines += ["", "Projection: the demo run's steps to the target, phase by phase, times "
             "BERT-BASE's step time at batch 256 for that recipe and phase: " + "; ".join(
                 f"{r}.{p} {ms:g} ms ({where})" for (r, p), (ms, where) in step_ms.items())
             + ". It assumes that the steps each recipe needs carry over from the demo "
-            "(L=2, H=128) to BERT-BASE (L=12, H=768)."]
+            "(L=2, H=128) to BERT-BASE (L=12, H=768).", "", suite.NOTE]
   return "\n".join(lines)
 
 

@@ -33,6 +33,7 @@ from absl import logging
 from bertjax.input import device as device_lib
 from bertjax.model.config import BertConfig
 from bertjax.records import fileio
+from bertjax.tasks import bag_of_words
 from bertjax.tasks import batches as batches_lib
 from bertjax.tasks import features
 from bertjax.tasks import registry
@@ -277,13 +278,24 @@ def sweep(config: ml_collections.ConfigDict, workdir: str,
   return summary
 
 
+def bag_of_words_baseline(prepared: Prepared, seed: int = 0) -> dict[str, Any]:
+  """Each dev split's metrics from bag_of_words' baseline, trained on the same
+  training rows as fine-tuning (the task's kind must be in bag_of_words.KINDS)."""
+  special = prepared.tokenizer.special_ids.values()
+  return {split.name: dict(bag_of_words.fit_and_score(
+      prepared.task.kind, prepared.task.num_labels, prepared.train, split,
+      prepared.tokenizer.vocab_size, special, seed), num_examples=len(split))
+          for split in prepared.dev}
+
+
 def compare_with_random_init(config: ml_collections.ConfigDict, workdir: str,
                              weights_loader: Optional[WeightsLoader] = None) -> dict[str, Any]:
   """Fine-tunes from config.init_from (workdir/pretrained) and from random
   initialisation (workdir/random_init) with the same data, steps and settings;
-  results.json holds both runs' final dev figures and the pretrained run's best
-  evaluation (pretrained_best). Returns {"preempted_at_step": step} when a SIGTERM
-  stopped a run."""
+  results.json holds both runs' final dev figures, the pretrained run's best
+  evaluation (pretrained_best) and, for the kinds it covers, the dev figures of
+  a bag-of-words baseline trained on the same rows (bag_of_words). Returns
+  {"preempted_at_step": step} when a SIGTERM stopped a run."""
   prepared = prepare(config)
   steps = sweep_steps.build_sweep_steps(config, prepared)
   pretrained = finetune_and_evaluate(config, os.path.join(workdir, "pretrained"),
@@ -302,9 +314,14 @@ def compare_with_random_init(config: ml_collections.ConfigDict, workdir: str,
              "init_from": config.init_from,
              "pretrained": pretrained["dev"], "random_init": random_init["dev"],
              "pretrained_best": pretrained["best"]}
-  logging.info("Dev %s on %s: %.4f fine-tuned from %s, %.4f from random initialisation.",
-               prepared.task.primary, split, primary_score(prepared.task, pretrained),
-               config.init_from, primary_score(prepared.task, random_init))
+  line = (f"Dev {prepared.task.primary} on {split}: "
+          f"{primary_score(prepared.task, pretrained):.4f} fine-tuned from {config.init_from}, "
+          f"{primary_score(prepared.task, random_init):.4f} from random initialisation")
+  if prepared.task.kind in bag_of_words.KINDS:
+    summary["bag_of_words"] = bag_of_words_baseline(prepared, config.seed)
+    line += (f", {summary['bag_of_words'][split][prepared.task.primary]:.4f} from a "
+             "bag of words (logistic regression on the same rows' word-piece counts)")
+  logging.info("%s.", line)
   if jax.process_index() == 0:
     fileio.write_text(os.path.join(workdir, RESULTS),
                       json.dumps(summary, indent=2, sort_keys=True))

@@ -1,14 +1,18 @@
 """The demo corpus's labelled tasks (bertjax.create.demo_tasks writes their files):
 
-  doc_area     single-sentence classification, accuracy: which part of Python a
-               sentence of the documentation documents (LABELS).
-  word_area    token tagging, span F1: each word that several parts of Python
-               use, tagged with the part that its sentence documents (B-<area>),
-               the other words O. As for CoNLL-2003, each word's first
-               sub-token carries its tag.
+  related_words  word pairs, accuracy: do two words belong to the same part of
+                 Python (AREA_LABELS)? The dev pairs hold only words that no
+                 training pair holds, so a bag of words is at chance.
+  doc_area       single-sentence classification, accuracy: which part of Python a
+                 sentence of the documentation documents (AREA_LABELS).
+  word_area      token tagging, span F1: each word that several parts of Python
+                 use, tagged with the part that its sentence documents (B-<area>),
+                 the other words O. As for CoNLL-2003, each word's first
+                 sub-token carries its tag.
 
-data_dir is the demo data directory; the files are under data_dir/tasks/TASK/,
-train and dev split by document (dev: the demo's held-out documents).
+data_dir is the demo data directory; the files are under data_dir/tasks/TASK/.
+doc_area and word_area split train and dev by source file (dev: the demo's
+held-out sources); related_words by word.
 """
 
 import functools
@@ -25,7 +29,8 @@ AREA_LABELS = ("reference", "email", "asyncio", "concurrency", "internet", "mark
                "testing", "gui", "files")
 WORD_LABELS = ("O", *(f"B-{a}" for a in AREA_LABELS))
 _FILES = {"doc_area": {"train": "train.tsv", "dev": "dev.tsv"},
-          "word_area": {"train": "train.txt", "dev": "dev.txt"}}
+          "word_area": {"train": "train.txt", "dev": "dev.txt"},
+          "related_words": {"train": "train.tsv", "dev": "dev.tsv"}}
 
 
 def _path(task: str, split: str, config) -> str:
@@ -41,18 +46,45 @@ def _path(task: str, split: str, config) -> str:
   return path
 
 
-def load_doc_area(split: str, tokenizer, config) -> Split:
-  path = _path("doc_area", split, config)
-  labels, texts, where = [], [], []
+def _load_labelled_sentences(task: str, labels: tuple[str, ...], split: str, tokenizer,
+                             config) -> Split:
+  """A split of "label<TAB>sentence" lines: single-sentence classification."""
+  path = _path(task, split, config)
+  names, texts, where = [], [], []
   for line_no, line in enumerate(fileio.read_text(path).splitlines(), start=1):
     label, sep, text = line.partition("\t")
     if not sep or not text.strip():
-      raise ValueError(f"{path}:{line_no}: expected 'area<TAB>sentence', got {line!r}")
-    labels.append(label)
+      raise ValueError(f"{path}:{line_no}: expected 'label<TAB>sentence', got {line!r}")
+    names.append(label)
     texts.append(text)
     where.append(f"{path}:{line_no}")
-  ids = label_ids(labels, AREA_LABELS, where, "doc_area")
+  ids = label_ids(names, labels, where, task)
   arrays = features.encode_pairs(tokenizer, texts, None, config.max_seq_length)
+  arrays["labels"] = ids
+  return Split(split, arrays, functools.partial(metrics.classification, ("accuracy",), ids))
+
+
+def load_doc_area(split: str, tokenizer, config) -> Split:
+  return _load_labelled_sentences("doc_area", AREA_LABELS, split, tokenizer, config)
+
+
+RELATED_LABELS = ("different", "same")  # bertjax.create.demo_tasks.RELATED_LABELS
+
+
+def load_related_words(split: str, tokenizer, config) -> Split:
+  """A split of related_words: "label<TAB>word<TAB>word" lines, a pair each."""
+  path = _path("related_words", split, config)
+  names, first, second, where = [], [], [], []
+  for line_no, line in enumerate(fileio.read_text(path).splitlines(), start=1):
+    fields = line.split("\t")
+    if len(fields) != 3 or not all(f.strip() for f in fields):
+      raise ValueError(f"{path}:{line_no}: expected 'label<TAB>word<TAB>word', got {line!r}")
+    names.append(fields[0])
+    first.append(fields[1])
+    second.append(fields[2])
+    where.append(f"{path}:{line_no}")
+  ids = label_ids(names, RELATED_LABELS, where, "related_words")
+  arrays = features.encode_pairs(tokenizer, first, second, config.max_seq_length)
   arrays["labels"] = ids
   return Split(split, arrays, functools.partial(metrics.classification, ("accuracy",), ids))
 

@@ -70,6 +70,9 @@ TASKS["doc_area"] = Task("doc_area", "classification", len(python_docs.AREA_LABE
                          labels=python_docs.AREA_LABELS)
 TASKS["word_area"] = Task("word_area", "token", len(python_docs.WORD_LABELS), ("dev",), "f1",
                           python_docs.load_word_area, labels=python_docs.WORD_LABELS)
+TASKS["related_words"] = Task("related_words", "classification", 2, ("dev",), "accuracy",
+                              python_docs.load_related_words,
+                              labels=python_docs.RELATED_LABELS)
 
 
 # Task kind -> the head type exports read from a checkpoint's meta.

@@ -1,12 +1,16 @@
-"""A sentence-pair task from any corpus of documents: do two sentences come from the
-same document?
+"""A sentence-pair task from any corpus of documents: does sentence B follow
+sentence A in its document, or come from another document?
 
 The demo's downstream task, built from the demo corpus's text files
 (text/train.txt for training, the held-out text/eval.txt for dev: one
 sentence per line, a blank line between documents). Each example pairs a
-sentence with another sentence of its own document (label "1") or with a
-sentence of a different document (label "0"), half and half, drawn with a
-fixed seed; accuracy is the metric and 0.5 is chance.
+sentence with the sentence that follows it in its document (label "1") or
+with a sentence of a different document (label "0"), half and half, drawn
+with a fixed seed; accuracy is the metric and 0.5 is chance. It is
+next-sentence prediction's question on single sentences: both segments
+together hold the same kind of words either way, so a bag of words is at
+chance, and what tells the pairs apart is whether the two sentences belong
+together.
 """
 
 import functools
@@ -42,15 +46,16 @@ def read_documents(path: str) -> list[list[str]]:
 
 def make_pairs(docs: list[list[str]], num_pairs: int, seed: int
                ) -> tuple[list[str], list[str], np.ndarray]:
-  """(first sentences, second sentences, labels 1 = same document), balanced."""
+  """(first sentences, second sentences, labels 1 = same document), balanced:
+  the second sentence of a pair labelled 1 is the one after the first."""
   rng = np.random.default_rng(seed)
   texts_a, texts_b, labels = [], [], np.zeros(num_pairs, np.int32)
   for i in range(num_pairs):
     d = int(rng.integers(len(docs)))
-    a, b = rng.choice(len(docs[d]), 2, replace=False)
+    a = int(rng.integers(len(docs[d]) - 1))
     texts_a.append(docs[d][a])
     if i % 2 == 0:
-      texts_b.append(docs[d][b])
+      texts_b.append(docs[d][a + 1])
       labels[i] = 1
     else:
       other = (d + 1 + int(rng.integers(len(docs) - 1))) % len(docs)

@@ -1,8 +1,10 @@
 """Fine-tuning the demo model on doc_area: which part of Python a sentence of the
-demo corpus documents (nine areas; single sentence; accuracy).
+demo corpus documents (nine areas; single sentence; accuracy). A reference
+column of the suite: its words largely tell the area, so a bag of words does
+it well (docs/recipes.md).
 
   python -m bertjax.studies.suite --data_dir=WORKDIR/demo_data \
-      --checkpoint=WORKDIR/checkpoints/1800 --workdir=/tmp/suite
+      --checkpoint=WORKDIR/checkpoints --workdir=/tmp/suite
 
 runs it with the suite's other tasks (the suite writes the task's files under
 the demo data's tasks/ first). Alone, once those exist:

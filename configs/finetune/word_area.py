@@ -1,10 +1,12 @@
 """Fine-tuning the demo model on word_area: each word of a sentence that several
 parts of Python use ("buffer", "connection", "close", ...) tagged with the part
 that the sentence documents, the other words O (token tagging, span F1; each
-word's first sub-token carries its tag). Context, not the word, tells the tag.
+word's first sub-token carries its tag). A reference column of the suite: the
+word itself says whether it is tagged and its sentence's words say which area,
+both within a bag of words' reach (docs/recipes.md).
 
   python -m bertjax.studies.suite --data_dir=WORKDIR/demo_data \
-      --checkpoint=WORKDIR/checkpoints/1800 --workdir=/tmp/suite
+      --checkpoint=WORKDIR/checkpoints --workdir=/tmp/suite
 
 runs it with the suite's other tasks (the suite writes the task's files under
 the demo data's tasks/ first). Alone, once those exist:
