@@ -156,6 +156,19 @@ def test_loaders_read_the_files_and_score_them(small_demo, tmp_path):
   assert words.score(np.eye(num_labels)[np.zeros_like(words.arrays["labels"])])["f1"] == 0.0
 
 
+def test_loaders_name_the_malformed_line(tmp_path):
+  config = ml_collections.ConfigDict({"data_dir": str(tmp_path), "max_seq_length": 16})
+  for task, text, message in (
+      ("doc_area", "email\tA sentence.\nemail\n", r"dev.tsv:2: expected 'label<TAB>sentence'"),
+      ("related_words", "same\tmailbox\tmessage\nsame\tmailbox\ta\tb\n",
+       r"dev.tsv:2: expected 'label<TAB>word<TAB>word'"),
+      ("related_words", "same\tmailbox\t \n", r"dev.tsv:1: expected")):
+    os.makedirs(tmp_path / "tasks" / task, exist_ok=True)
+    (tmp_path / "tasks" / task / "dev.tsv").write_text(text)
+    with pytest.raises(ValueError, match=message):
+      registry.get_task(task).load("dev", None, config)
+
+
 def test_loaders_name_the_missing_file(tmp_path):
   config = ml_collections.ConfigDict({"data_dir": str(tmp_path), "max_seq_length": 32})
   with pytest.raises(FileNotFoundError, match="tasks/doc_area/train.tsv"):

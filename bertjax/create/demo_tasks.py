@@ -176,7 +176,9 @@ def related_pairs(words_by_area: dict[str, list[str]], count: int,
   multi = sorted(a for a, ws in words_by_area.items() if len(ws) >= 2)
   areas = sorted(a for a, ws in words_by_area.items() if ws)
   if not multi or len(areas) < 2:
-    raise ValueError(f"related_words: too few area words ({ {a: len(w) for a, w in words_by_area.items()} })")
+    sizes = {a: len(w) for a, w in words_by_area.items()}
+    raise ValueError(f"related_words: too few area words (per area: {sizes}); the demo text "
+                     "is too small for related_words")
   rows = []
   for i in range(count):
     if i % 2 == 0:

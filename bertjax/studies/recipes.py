@@ -173,7 +173,7 @@ def pretrain_in_processes(module: str, names: list[str], root: str, argv: list[s
     if before != argv:
       raise SystemExit(f"{os.path.join(root, name)}: a finished run of {' '.join(before)}, "
                        f"not {' '.join(argv)}; use another workdir")
-  for group in ([todo] if todo else []) if side_by_side else [[name] for name in todo]:
+  for group in [todo] if side_by_side else [[name] for name in todo]:
     procs = {name: start(name) for name in group}
     failed = []
     for name, (proc, log) in procs.items():

@@ -18,19 +18,20 @@ The tasks (configs/finetune/demo.py and the task's name .py):
   word_area      token tagging: each word that several parts of Python use,
                  tagged with the part its sentence documents (span F1); a
                  reference column, as doc_area.
-On the first two a bag of words is at chance by construction: whether two
+On the first two a bag of words has nothing to go on by construction: whether two
 sentences belong together is a relation between the segments, which no
 weighting of their word counts expresses, and the dev words of related_words
 never occur in its training rows. The suite's summary figure is the transfer
 mean over those two (TRANSFER). same_document's and the reference columns'
 train and dev are split by source file (a reference topic or a library
 module): dev comes from the demo's held-out sources, which pretraining never
-reads; related_words' by word. --random_init scores random initialisation with the same budget, the floor
-a pretrained checkpoint must clear; the bag-of-words row needs no checkpoint
-(bertjax/tasks/bag_of_words.py). Each (checkpoint, seed) is fine-tuned once
-per task; prints one row per checkpoint (the median over seeds where there are
-several) and writes workdir/suite.json and workdir/suite.md.
-time_to_quality, recipe_grid and ablation score their checkpoints with `score`.
+reads; related_words' by word. --random_init scores random initialisation with
+the same budget, the floor a pretrained checkpoint must clear; the
+bag-of-words row needs no checkpoint (bertjax/tasks/bag_of_words.py). Each
+(checkpoint, seed) is fine-tuned once per task; prints one row per checkpoint
+(the median over seeds where there are several) and writes workdir/suite.json
+and workdir/suite.md. time_to_quality, recipe_grid and ablation score their
+checkpoints with `score`.
 """
 
 import argparse

@@ -20,19 +20,21 @@ baseline here.
 """
 
 import numpy as np
-from scipy import sparse
-from sklearn.linear_model import LogisticRegression
 
 from bertjax.tasks.split import Split
+
+# scipy and scikit-learn are imported where they are used: about a second at
+# start-up that a fine-tuning run which never asks for the baseline need not pay.
 
 KINDS = ("classification", "token")
 MAX_ITER = 2000  # The solver's iterations (lbfgs); the demo's tasks converge well before.
 
 
 def row_counts(arrays: dict[str, np.ndarray], vocab_size: int,
-               special_ids) -> sparse.csr_matrix:
+               special_ids) -> "scipy.sparse.csr_matrix":
   """[N, 2 * vocab_size] counts of each row's word pieces, segment B's in the
   second half; special tokens and padding not counted."""
+  from scipy import sparse  # pylint: disable=g-import-not-at-top
   ids, mask = arrays["input_ids"], arrays["input_mask"].astype(bool)
   keep = mask & ~np.isin(ids, list(special_ids))
   rows, cols = np.nonzero(keep)
@@ -44,6 +46,7 @@ def row_counts(arrays: dict[str, np.ndarray], vocab_size: int,
 def _features(kind: str, split: Split, vocab_size: int, special_ids):
   """(features, labels, where): one row per example, or per labelled position
   of a token task (where: its (row, position) indices)."""
+  from scipy import sparse  # pylint: disable=g-import-not-at-top
   counts = row_counts(split.arrays, vocab_size, special_ids)
   if kind == "classification":
     return counts, split.arrays["labels"], None
@@ -63,6 +66,7 @@ def fit_and_score(kind: str, num_labels: int, train: Split, dev: Split, vocab_si
   tokenizer's special token ids, left out of the counts."""
   if kind not in KINDS:
     raise ValueError(f"no bag-of-words baseline for task kind {kind!r}; kinds: {KINDS}")
+  from sklearn.linear_model import LogisticRegression  # pylint: disable=g-import-not-at-top
   x_train, y_train, _ = _features(kind, train, vocab_size, special_ids)
   x_dev, _, where = _features(kind, dev, vocab_size, special_ids)
   model = LogisticRegression(max_iter=MAX_ITER, random_state=seed)

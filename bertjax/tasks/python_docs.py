@@ -46,26 +46,32 @@ def _path(task: str, split: str, config) -> str:
   return path
 
 
-def _load_labelled_sentences(task: str, labels: tuple[str, ...], split: str, tokenizer,
-                             config) -> Split:
-  """A split of "label<TAB>sentence" lines: single-sentence classification."""
+def _load_labelled_rows(task: str, labels: tuple[str, ...], fields: tuple[str, ...],
+                        split: str, tokenizer, config) -> Split:
+  """A split of "label<TAB>text" lines (`fields`: one name, the text is the rest
+  of the line) or "label<TAB>text<TAB>text" lines (two names: a pair):
+  classification, accuracy."""
   path = _path(task, split, config)
-  names, texts, where = [], [], []
+  expected = "<TAB>".join(("label", *fields))
+  names, texts, where = [], [[] for _ in fields], []
   for line_no, line in enumerate(fileio.read_text(path).splitlines(), start=1):
-    label, sep, text = line.partition("\t")
-    if not sep or not text.strip():
-      raise ValueError(f"{path}:{line_no}: expected 'label<TAB>sentence', got {line!r}")
+    label, sep, rest = line.partition("\t")
+    values = rest.split("\t") if len(fields) > 1 else [rest]
+    if not sep or len(values) != len(fields) or not all(v.strip() for v in values):
+      raise ValueError(f"{path}:{line_no}: expected '{expected}', got {line!r}")
     names.append(label)
-    texts.append(text)
+    for column, value in zip(texts, values):
+      column.append(value)
     where.append(f"{path}:{line_no}")
   ids = label_ids(names, labels, where, task)
-  arrays = features.encode_pairs(tokenizer, texts, None, config.max_seq_length)
+  arrays = features.encode_pairs(tokenizer, texts[0], texts[1] if len(fields) > 1 else None,
+                                 config.max_seq_length)
   arrays["labels"] = ids
   return Split(split, arrays, functools.partial(metrics.classification, ("accuracy",), ids))
 
 
 def load_doc_area(split: str, tokenizer, config) -> Split:
-  return _load_labelled_sentences("doc_area", AREA_LABELS, split, tokenizer, config)
+  return _load_labelled_rows("doc_area", AREA_LABELS, ("sentence",), split, tokenizer, config)
 
 
 RELATED_LABELS = ("different", "same")  # bertjax.create.demo_tasks.RELATED_LABELS
@@ -73,20 +79,8 @@ RELATED_LABELS = ("different", "same")  # bertjax.create.demo_tasks.RELATED_LABE
 
 def load_related_words(split: str, tokenizer, config) -> Split:
   """A split of related_words: "label<TAB>word<TAB>word" lines, a pair each."""
-  path = _path("related_words", split, config)
-  names, first, second, where = [], [], [], []
-  for line_no, line in enumerate(fileio.read_text(path).splitlines(), start=1):
-    fields = line.split("\t")
-    if len(fields) != 3 or not all(f.strip() for f in fields):
-      raise ValueError(f"{path}:{line_no}: expected 'label<TAB>word<TAB>word', got {line!r}")
-    names.append(fields[0])
-    first.append(fields[1])
-    second.append(fields[2])
-    where.append(f"{path}:{line_no}")
-  ids = label_ids(names, RELATED_LABELS, where, "related_words")
-  arrays = features.encode_pairs(tokenizer, first, second, config.max_seq_length)
-  arrays["labels"] = ids
-  return Split(split, arrays, functools.partial(metrics.classification, ("accuracy",), ids))
+  return _load_labelled_rows("related_words", RELATED_LABELS, ("word", "word"), split,
+                             tokenizer, config)
 
 
 def load_word_area(split: str, tokenizer, config) -> Split:

@@ -1,4 +1,10 @@
-"""Fine-tuning the demo model on related_words: do two words belong to the same part of Python? Each pair is two words that each occur mostly in one of doc_area's nine areas; the dev pairs hold only words that no training pair holds, so what the training pairs teach about their words does not reach the dev words, and a bag of words is at chance; what a model knows of the dev words comes from pretraining (sentence pair of single words; accuracy, 0.5 is chance).
+"""Fine-tuning the demo model on related_words: do two words belong to the same
+part of Python? Each pair is two words that each occur mostly in one of
+doc_area's nine areas; the dev pairs hold only words that no training pair
+holds, so what the training pairs teach about their words does not reach the dev
+words, and a bag of words trained on them is near chance (docs/recipes.md); what
+a model knows of the dev words comes from pretraining (sentence pair of single
+words; accuracy, 0.5 is chance).
 
   python -m bertjax.studies.suite --data_dir=WORKDIR/demo_data \
       --checkpoint=WORKDIR/checkpoints --workdir=/tmp/suite
