@@ -39,6 +39,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.dtype = "bfloat16"  # Compute dtype of matmuls; softmax, LayerNorm and losses stay fp32.
   config.model.param_dtype = "float32"  # Parameters and optimizer state.
   config.model.scan_layers = True  # Stack layers with nn.scan: one compiled layer.
+  config.model.layer_loop = "auto"  # How stacked layers run: scan (a loop over one compiled layer) | unroll (each layer its own code; longer compiles) | auto (unroll on the CPU at hidden size 256 or more, where it measured faster; scan elsewhere; docs/performance.md).
   config.model.remat_policy = "none"  # none | full | dots | dots_no_batch: activation recomputation.
   config.model.attention_impl = "auto"  # auto (a fused kernel only where proven on the platform, else XLA; docs/attention.md) | xla | splash (TPU) | cudnn (GPU) | flash (TPU, GPU); splash and cudnn need attention_dropout_rate 0.
   config.model.causal = False  # Causal attention: pretraining sets it from objective (ltr); fine-tuning takes it from init_from's checkpoint.

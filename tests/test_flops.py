@@ -58,15 +58,15 @@ def test_analytic_flops_agree_with_xla_and_scan_is_counted_once():
   # the dropout masks' Threefry rounds (elementwise integer operations): 14%
   # on top of the matmuls at this small width.
   assert analytic < counted < 1.20 * analytic, (counted, analytic)
-  # Scanned, XLA counts the loop body once: the first two layers are the
-  # loop (the last runs apart, at [CLS] and the masked positions), so one
-  # whole layer goes missing.
+  # Scanned in a loop, XLA counts the loop body once: the first two layers
+  # are the loop (the last runs apart, at [CLS] and the masked positions), so
+  # one whole layer goes missing.
   one_layer = analytic - flops.train_flops_per_sequence(
       unrolled.replace(num_layers=2), SEQ, PRED) * BATCH
-  scanned = _compiled_step_flops(_config(scan_layers=True))
+  scanned = _compiled_step_flops(_config(scan_layers=True, layer_loop="scan"))
   assert abs((counted - scanned) - one_layer) < 0.1 * one_layer, (counted, scanned)
   assert profiling.complete_count(unrolled, 1)
-  assert not profiling.complete_count(unrolled.replace(scan_layers=True), 1)
+  assert not profiling.complete_count(unrolled.replace(scan_layers=True, layer_loop="scan"), 1)
   assert not profiling.complete_count(unrolled, 2)
 
 

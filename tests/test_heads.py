@@ -30,10 +30,10 @@ def highest_precision():
   jax.config.update("jax_default_matmul_precision", old)
 
 
-def _config(scan_layers):
+def _config(scan_layers, layer_loop="scan"):
   return BertConfig(vocab_size=211, hidden_size=48, num_layers=2, num_heads=4,
                     intermediate_size=96, max_position_embeddings=32, type_vocab_size=2,
-                    scan_layers=scan_layers)
+                    scan_layers=scan_layers, layer_loop=layer_loop)
 
 
 def _inputs(shape, seed=0):
@@ -84,11 +84,12 @@ CASES = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scan_layers", [True, False])
+@pytest.mark.parametrize(("scan_layers", "layer_loop"),
+                         [(True, "scan"), (True, "unroll"), (False, "scan")])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_head_matches_transformers(case, scan_layers):
+def test_head_matches_transformers(case, scan_layers, layer_loop):
   make, hf_class, head, pooler, shape = CASES[case]
-  config = _config(scan_layers)
+  config = _config(scan_layers, layer_loop)
   model = make(config)
   inputs = _inputs(shape)
   params = _random_params(model, inputs)

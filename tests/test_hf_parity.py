@@ -131,17 +131,19 @@ def references():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("size", list(SIZES))
-@pytest.mark.parametrize("scan_layers", [True, False])
-def test_outputs_match_transformers(references, size, scan_layers):
+@pytest.mark.parametrize(("scan_layers", "layer_loop"),
+                         [(True, "scan"), (True, "unroll"), (False, "scan")])
+def test_outputs_match_transformers(references, size, scan_layers, layer_loop):
   hf_config, hf_params, batches, outputs = references[size]
-  config = hf.hf_config_to_bertjax(hf_config, scan_layers=scan_layers)
+  config = hf.hf_config_to_bertjax(hf_config, scan_layers=scan_layers, layer_loop=layer_loop)
   params = hf.hf_to_bertjax(hf_params, config)
   for padding, batch in batches.items():
     ref = outputs[padding]
     # The reference is not degenerate: logits spread well beyond the tolerance.
     assert np.std(ref["mlm_logits"]) > 0.1 and np.std(ref["nsp_logits"]) > 0.01
     diffs = max_diffs(bertjax_outputs(config, params, batch), ref)
-    print(f"{size} scan_layers={scan_layers} padding={padding} max|diff|: {diffs}")
+    print(f"{size} scan_layers={scan_layers} {layer_loop} padding={padding} "
+          f"max|diff|: {diffs}")
     assert all(d <= ATOL for d in diffs.values()), (padding, diffs)
 
 

@@ -138,7 +138,7 @@ def test_encoder_is_bidirectional():
 
 
 def test_scan_and_unrolled_layers_agree():
-  scanned = tiny(scan_layers=True)
+  scanned = tiny(scan_layers=True, layer_loop="scan")
   params = init_params(scanned)
   unrolled_params = unroll(params, scanned.num_layers)
   unrolled = tiny(scan_layers=False)
@@ -159,9 +159,10 @@ def _loss_and_grads(config, params, batch, rng):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scan_layers", [True, False])
-def test_remat_policies_match_no_remat(scan_layers):
-  base_config = tiny(scan_layers=scan_layers)
+@pytest.mark.parametrize(("scan_layers", "layer_loop"),
+                         [(True, "scan"), (True, "unroll"), (False, "scan")])
+def test_remat_policies_match_no_remat(scan_layers, layer_loop):
+  base_config = tiny(scan_layers=scan_layers, layer_loop=layer_loop)
   params = init_params(base_config)
   batch = make_batch()
   ref_value, ref_out, ref_grads = _loss_and_grads(base_config, params, batch, rng=3)

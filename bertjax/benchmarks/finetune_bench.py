@@ -3,7 +3,7 @@ FlaxBertForSequenceClassification with optax AdamW, same dimensions, in one proc
 
   python -m bertjax.benchmarks.finetune_bench [--hidden 256 --layers 4 --heads 4
       --intermediate 1024 --vocab 30522 --seq 128 --batch 32] [--rounds 5 --steps 10]
-      [--data glue|random] [--min_bucket 32]
+      [--data glue|random] [--min_bucket 32] [--layer_loop auto|scan|unroll]
 
 --data glue (the default) gives GLUE-like lengths from real text: sentences of
 the installed packages' docstrings (bertjax.benchmarks.corpus, no text
@@ -45,6 +45,7 @@ import optax
 from bertjax.benchmarks import corpus
 from bertjax.records import hostmem
 from bertjax.model import heads
+from bertjax.model import layers
 from bertjax.model.config import BertConfig
 from bertjax.tasks import batches as batches_lib
 from bertjax.tasks import features
@@ -195,6 +196,8 @@ def main():
     p.add_argument(f"--{name}", type=int, default=default)
   p.add_argument("--dtype", default="float32")
   p.add_argument("--data", default="glue", choices=("glue", "random"))
+  p.add_argument("--layer_loop", default="auto", choices=("auto", "scan", "unroll"),
+                 help="bertjax's model.layer_loop (auto: unrolled on the CPU).")
   args = p.parse_args()
   # As `python -m bertjax.finetune` would run this model (BERTJAX_HOST_MALLOC=auto):
   # the whole process re-executes with the tunables for a large one, the
@@ -207,7 +210,8 @@ def main():
   lengths = batches_lib.example_lengths(arrays)
   config = BertConfig(vocab_size=args.vocab, hidden_size=args.hidden, num_layers=args.layers,
                       num_heads=args.heads, intermediate_size=args.intermediate,
-                      max_position_embeddings=max(512, args.seq), dtype=args.dtype)
+                      max_position_embeddings=max(512, args.seq), dtype=args.dtype,
+                      layer_loop=args.layer_loop)
   streams = batch_streams(args, arrays, args.rounds * args.steps)
   runners = {"bertjax (buckets)": (*bertjax_step(args, config), streams["bucketed"]),
              "bertjax (fixed L)": (*bertjax_step(args, config), streams["fixed"]),
@@ -234,7 +238,9 @@ def main():
   print(f"{jax.device_count()} x {jax.devices()[0].device_kind}; L={args.layers} "
         f"H={args.hidden} A={args.heads} F={args.intermediate} V={args.vocab}, "
         f"max_seq_length {args.seq}, batch {args.batch}, {args.dtype}; {args.rounds} rounds "
-        f"of {args.steps} steps")
+        f"of {args.steps} steps; bertjax's layers "
+        f"{'unrolled' if layers.unrolls(config) else 'in a loop'} "
+        f"(model.layer_loop={args.layer_loop})")
   print(f"data {args.data}: {len(lengths)} examples, tokens per example p10/p50/p90/max "
         f"{'/'.join(str(int(np.percentile(lengths, q))) for q in (10, 50, 90, 100))}, "
         f"{(lengths < 40).mean():.0%} under 40; bucketed batch lengths used {shapes}")

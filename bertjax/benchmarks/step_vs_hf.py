@@ -14,7 +14,8 @@ masked positions, the tied decoder's written-out gradient (its bias's summed
 pairwise on CPU), one max for loss and accuracy, dropout masks as products
 of row and column words (a threefry hash per row and per column), GELU,
 LayerNorm, dropout and attention gradients
-that keep less for the backward pass, scanned layers, the vocab padded to a
+that keep less for the backward pass, scanned layers run unrolled
+(model.layer_loop=auto on the CPU at this size), the vocab padded to a
 multiple of 128. The transformers side is the stock model, whose
 head computes logits at every position; the loss takes the masked positions
 from them.

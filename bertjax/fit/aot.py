@@ -21,6 +21,7 @@ from bertjax.fit import estimate as estimate_lib
 from bertjax.fit import topology as topology_lib
 from bertjax.input import packing as packing_lib
 from bertjax.model import attention
+from bertjax.model import layers
 from bertjax.train import flops
 from bertjax.train import profiling
 from bertjax.train import run_config
@@ -88,18 +89,19 @@ class AotResult:
 
 
 def flops_as_xla_counts(model_config, seq_len, num_predictions, batch, attention_kernel,
-                        grad_accum_steps=1, num_examples=1) -> float:
+                        grad_accum_steps=1, num_examples=1, platform="tpu") -> float:
   """The analytic FLOPs of what XLA's cost analysis sees of one step of `batch`
-  rows (each with `num_examples` [CLS] slots, flops.forward_flops_per_sequence).
+  rows (each with `num_examples` [CLS] slots, flops.forward_flops_per_sequence)
+  compiled for `platform`.
 
-  XLA counts a loop body once: with scanned layers one of the L - 1 layers
-  before the last (which runs outside the loop), with gradient accumulation
-  one micro-batch. Pallas kernels (splash, flash) are custom calls it does
+  XLA counts a loop body once: with scanned layers in a loop (not unrolled,
+  model.layer_loop) one of the L - 1 layers before the last (which runs
+  outside the loop), with gradient accumulation one micro-batch. Pallas kernels (splash, flash) are custom calls it does
   not count: the attention matmuls of the layers before the last are left
   out (the last layer, at a few positions, attends with XLA).
   """
   c = model_config
-  if c.scan_layers:
+  if c.scan_layers and not layers.unrolls(c, platform):
     c = c.replace(num_layers=min(2, c.num_layers))
   per_seq = flops.train_flops_per_sequence(c, seq_len, num_predictions, num_examples)
   if attention_kernel in ("splash", "flash"):
@@ -128,9 +130,10 @@ def aot_compile(config, topology: str, phase_name: str = "",
       config, devices, phase_name=phase_name, vocab_size=vocab_size,
       device_mesh=bool(topology), compile_only=True)
   accum = config.optimizer.grad_accum_steps
+  platform = "tpu" if topology else devices[0].platform
   kernel, _ = attention.choose(
       model_config.attention_impl, attention_dropout_rate=model_config.attention_dropout_rate,
-      dtype=model_config.dtype, platform="tpu" if topology else devices[0].platform,
+      dtype=model_config.dtype, platform=platform,
       seq_len=phase.max_seq_length, deterministic=False)
   with sharding_lib.mesh_context(mesh, rules):
     abstract_state, shardings = state_lib.abstract_train_state(model, tx, mesh, rules)
@@ -165,7 +168,7 @@ def aot_compile(config, topology: str, phase_name: str = "",
       while_loops=profiling.count_loops(compiled) or 0,
       analytic_flops=analytic,
       xla_view_flops=flops_as_xla_counts(model_config, length, predictions, rows, kernel,
-                                         accum, examples),
+                                         accum, examples, platform),
       hbm_bytes=available_bytes or topology_lib.available_bytes(topology),
       num_slices=num_slices,
       dcn=dcn, gradient_allreduce_bytes=dcn_traffic.gradient_allreduce_bytes(

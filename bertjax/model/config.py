@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from bertjax.model import attention
 
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+LAYER_LOOPS = ("auto", "scan", "unroll")
 ATTENTION_IMPLS = attention.IMPLS
 
 
@@ -35,6 +36,12 @@ class BertConfig:
   param_dtype: str = "float32"
   # Stack the layers with nn.scan (one compiled layer, fast compiles).
   scan_layers: bool = True
+  # How the stacked layers run (scan_layers): scan (a loop over one compiled
+  # layer) | unroll (each layer its own code over its slice of the stack, so
+  # XLA schedules and fuses across layers; longer compiles) | auto: unroll
+  # on the CPU at hidden size 256 or more, where it measured faster, scan
+  # elsewhere (layers.unrolls).
+  layer_loop: str = "auto"
   # What each layer keeps for the backward pass: none (keep everything),
   # full (recompute everything), dots, dots_no_batch (keep matmul outputs).
   remat_policy: str = "none"
@@ -68,6 +75,8 @@ class BertConfig:
         bad(name, f"must be in [0, 1), got {getattr(self, name)}")
     if self.remat_policy not in REMAT_POLICIES:
       bad("remat_policy", f"{self.remat_policy!r} is not one of {REMAT_POLICIES}")
+    if self.layer_loop not in LAYER_LOOPS:
+      bad("layer_loop", f"{self.layer_loop!r} is not one of {LAYER_LOOPS}")
     if self.attention_impl not in ATTENTION_IMPLS:
       bad("attention_impl", f"{self.attention_impl!r} is not one of {ATTENTION_IMPLS}")
     problem = attention.config_problem(self.attention_impl, self.attention_dropout_rate,

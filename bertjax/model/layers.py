@@ -384,6 +384,50 @@ def _kernels_in_compute_dtype(c: BertConfig, stacked):
   return jax.tree.map(cast, stacked)
 
 
+# model.layer_loop=auto unrolls on the CPU from this hidden size on (measured
+# in docs/performance.md: faster at hidden size 256, slower for the demo's 128).
+UNROLL_MIN_HIDDEN = 256
+
+
+def unrolls(c: BertConfig, platform: str | None = None) -> bool:
+  """Whether the stacked layers run unrolled on `platform` (default: the one
+  being compiled for): model.layer_loop, whose auto unrolls on the CPU at a
+  hidden size of UNROLL_MIN_HIDDEN or more."""
+  if c.layer_loop == "auto":
+    return ((platform or attention.target_platform()) == "cpu"
+            and c.hidden_size >= UNROLL_MIN_HIDDEN)
+  return c.layer_loop == "unroll"
+
+
+def unrolled_stack(c: BertConfig, run_layer, stacked, x_BxLxD, positions_BxQ,
+                   all_layers: bool):
+  """The stack's layers one after another, layer i on stacked[i] (a constant
+  index), the last at `positions_BxQ` where given; the same function as the
+  loop, layer i's dropout from fold_in(rng, i) as there.
+
+  With no loop, XLA schedules and fuses across layers and keeps each layer's
+  activations as they are (a loop stacks them for its backward pass). With
+  remat_policy none the backward pass keeps each layer's slice of the stack
+  (together one copy of the layers' parameters in the compute dtype); with
+  a recomputation policy the slice is read again there instead.
+  """
+  last = c.num_layers - 1
+  policy = _parameters_recomputed(REMAT[c.remat_policy], stacked) if (
+      c.remat_policy != "none") else None
+  outputs = []
+  for i in range(c.num_layers):
+    positions = positions_BxQ if i == last else None
+
+    def layer_i(stacked, x_BxLxD, i=i, positions=positions):
+      params = jax.tree.map(lambda a: a[i], stacked)
+      return run_layer(params, x_BxLxD, i, positions)
+    if policy is not None:
+      layer_i = jax.checkpoint(layer_i, policy=policy, prevent_cse=False)
+    x_BxLxD = layer_i(stacked, x_BxLxD)
+    outputs.append(x_BxLxD)
+  return jnp.stack(outputs) if all_layers else x_BxLxD
+
+
 def run_stack(c: BertConfig, deterministic: bool, stacked, x_BxLxD, mask_BxL,
               positions_BxQ, rng, all_layers: bool = False):
   """The scanned encoder's layers over stacked parameters ([L, ...] each).
@@ -396,6 +440,10 @@ def run_stack(c: BertConfig, deterministic: bool, stacked, x_BxLxD, mask_BxL,
   recomputes the read instead of keeping it, so no copy of the stack
   ([:L-1] would be one) is made in either direction. Layer i draws its
   dropout from fold_in(rng, i) either way.
+
+  With model.layer_loop unroll (auto's choice on the CPU for a model of
+  hidden size 256 or more) there is no loop: layer i runs on its slice of
+  the stack, read by a constant index (unrolled_stack).
   """
   layer = TransformerLayer(c, deterministic, parent=None)
   policy = REMAT.get(c.remat_policy, jax.checkpoint_policies.everything_saveable)
@@ -404,6 +452,9 @@ def run_stack(c: BertConfig, deterministic: bool, stacked, x_BxLxD, mask_BxL,
   def run_layer(params, x_BxLxD, i, positions=None):
     rngs = None if rng is None else {"dropout": jax.random.fold_in(rng, i)}
     return layer.apply({"params": params}, x_BxLxD, mask_BxL, positions, rngs=rngs)[0]
+
+  if unrolls(c):
+    return unrolled_stack(c, run_layer, stacked, x_BxLxD, positions_BxQ, all_layers)
 
   if positions_BxQ is None:
     step = (run_layer if c.remat_policy == "none"

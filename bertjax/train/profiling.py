@@ -24,6 +24,7 @@ from typing import Any
 from absl import logging
 import jax
 
+from bertjax.model import layers
 from bertjax.model.config import BertConfig
 from bertjax.records import fileio
 from bertjax.train import flops as flops_lib
@@ -146,12 +147,14 @@ def whole_step_flops(compiled) -> float | None:
 def complete_count(model_config: BertConfig, grad_accum_steps: int) -> bool:
   """Whether XLA's cost analysis counts the whole train step.
 
-  It counts a loop's body once, whatever the trip count, so with scanned
-  layers or scanned micro-batches it sees one layer of many (or one
-  micro-batch of many). A check before compiling; loops XLA makes itself
+  It counts a loop's body once, whatever the trip count, so with layers run
+  in a loop (scanned, model.layer_loop scan) or scanned micro-batches it
+  sees one layer of many (or one micro-batch of many). A check before
+  compiling, for the platform being compiled for; loops XLA makes itself
   show only in the compiled program (has_loops).
   """
-  return not model_config.scan_layers and grad_accum_steps == 1
+  looped = model_config.scan_layers and not layers.unrolls(model_config)
+  return not looped and grad_accum_steps == 1
 
 
 def utilisation(*, step_seconds: float, num_chips: int, peak_tflops_per_chip: float | None,

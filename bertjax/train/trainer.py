@@ -145,10 +145,11 @@ class Trainer:
     return True
 
   def _compiled_flops(self, batch) -> float | None:
-    """XLA's FLOPs of one step per device where it counts the whole step, else
-    None (utilisation then uses the analytic count); one extra compile a phase."""
-    if not profiling.complete_count(self.run.model_config,
-                                    self.run.config.optimizer.grad_accum_steps):
+    """XLA's FLOPs of one step per device where it counts the whole step and
+    the chip's peak is known, else None (utilisation then uses the analytic
+    count, or has none); one extra compile a phase."""
+    if not self.logger.peak or not profiling.complete_count(
+        self.run.model_config, self.run.config.optimizer.grad_accum_steps):
       return None
     compiled = self._p_train.lower(self.state, batch, self.dropout_rng).compile()
     return profiling.whole_step_flops(compiled)
