@@ -197,7 +197,8 @@ def main():
   p.add_argument("--dtype", default="float32")
   p.add_argument("--data", default="glue", choices=("glue", "random"))
   p.add_argument("--layer_loop", default="auto", choices=("auto", "scan", "unroll"),
-                 help="bertjax's model.layer_loop (auto: unrolled on the CPU).")
+                 help="bertjax's model.layer_loop (auto: unrolled on the CPU at hidden size "
+                      "256 or more).")
   args = p.parse_args()
   # As `python -m bertjax.finetune` would run this model (BERTJAX_HOST_MALLOC=auto):
   # the whole process re-executes with the tunables for a large one, the

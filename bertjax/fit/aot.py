@@ -96,9 +96,10 @@ def flops_as_xla_counts(model_config, seq_len, num_predictions, batch, attention
 
   XLA counts a loop body once: with scanned layers in a loop (not unrolled,
   model.layer_loop) one of the L - 1 layers before the last (which runs
-  outside the loop), with gradient accumulation one micro-batch. Pallas kernels (splash, flash) are custom calls it does
-  not count: the attention matmuls of the layers before the last are left
-  out (the last layer, at a few positions, attends with XLA).
+  outside the loop), with gradient accumulation one micro-batch. Pallas
+  kernels (splash, flash) are custom calls it does not count: the attention
+  matmuls of the layers before the last are left out (the last layer, at a
+  few positions, attends with XLA).
   """
   c = model_config
   if c.scan_layers and not layers.unrolls(c, platform):
