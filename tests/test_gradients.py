@@ -1,4 +1,5 @@
-"""The written-out gradients (GELU, LayerNorm, dropout, softmax x values) against autodiff.
+"""The written-out gradients (GELU, LayerNorm, dropout, softmax x values, the
+Dense's two-dimensional product) against autodiff.
 
 Each agrees with autodiff of the plain formula, in fp32 and in bf16, and
 keeps fewer arrays for the backward pass: with scanned layers every kept
@@ -70,6 +71,37 @@ def test_feed_forward_keeps_two_wide_arrays():
                      if s[-1] == 64]
   assert len(wide(lambda h: nn.gelu(h, approximate=False))) == 4  # What autodiff keeps.
   assert len(wide(layers.gelu)) == 2  # The GELU's input and output.
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("x_shape, kernel_shape, contract", [
+    ((2, 8, 16), (16, 24), 1),  # A feed-forward projection.
+    ((2, 8, 16), (16, 4, 6), 1),  # Queries: [D] -> [N, H].
+    ((2, 8, 4, 6), (4, 6, 16), 2),  # The attention output: [N, H] -> [D].
+    ((3, 16), (16, 5), 1)])  # A pooled [B, D] input.
+def test_dense_product_matches_tensordot_and_keeps_its_inputs(dtype, x_shape, kernel_shape,
+                                                              contract):
+  """The CPU's two-dimensional product (layers.contract_trailing) against
+  autodiff of jnp.tensordot: value, both gradients in their own dtype, and
+  the same arrays kept for the backward pass (x and the kernel as given)."""
+  rng = np.random.default_rng(7)
+  x = jnp.asarray(rng.normal(size=x_shape), dtype)
+  kernel = jnp.asarray(rng.normal(size=kernel_shape) / 4, dtype)
+  out_shape = x_shape[:len(x_shape) - contract] + kernel_shape[contract:]
+  w = jnp.asarray(rng.normal(size=out_shape), jnp.float32)
+  ours = lambda a, b: layers.contract_trailing(a, b, contract)
+  plain = lambda a, b: jnp.tensordot(a, b, axes=contract)
+  assert ours(x, kernel).shape == out_shape and ours(x, kernel).dtype == dtype
+  assert_close(ours(x, kernel), plain(x, kernel), dtype)
+  loss = lambda fn: lambda a, b: jnp.sum(fn(a, b).astype(jnp.float32) * w)
+  got = jax.grad(loss(ours), argnums=(0, 1))(x, kernel)
+  want = jax.grad(loss(plain), argnums=(0, 1))(x, kernel)
+  for name, a, b in zip(("dx", "dkernel"), got, want):
+    assert a.dtype == dtype and a.shape == b.shape, name
+    assert_close(a, b, dtype, name)
+  wrapped = lambda fn: lambda a, b: loss(fn)(jnp.sin(a), jnp.cos(b))  # Kept arrays, not inputs.
+  assert sorted(kept(wrapped(ours), x, kernel), key=str) == sorted(
+      kept(wrapped(plain), x, kernel), key=str)
 
 
 @pytest.mark.slow
