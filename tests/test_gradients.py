@@ -21,6 +21,7 @@ import pytest
 from bertjax.model import attention
 from bertjax.model import dropout
 from bertjax.model import layers
+from bertjax.model import products
 from bertjax.model.config import BertConfig
 
 TOLERANCE = {jnp.float32: 1e-5, jnp.bfloat16: 2e-2}
@@ -81,7 +82,7 @@ def test_feed_forward_keeps_two_wide_arrays():
     ((3, 16), (16, 5), 1)])  # A pooled [B, D] input.
 def test_dense_product_matches_tensordot_and_keeps_its_inputs(dtype, x_shape, kernel_shape,
                                                               contract):
-  """The CPU's two-dimensional product (layers.contract_trailing) against
+  """The CPU's two-dimensional product (products.contract_trailing) against
   autodiff of jnp.tensordot: value, both gradients in their own dtype, and
   the same arrays kept for the backward pass (x and the kernel as given)."""
   rng = np.random.default_rng(7)
@@ -89,7 +90,7 @@ def test_dense_product_matches_tensordot_and_keeps_its_inputs(dtype, x_shape, ke
   kernel = jnp.asarray(rng.normal(size=kernel_shape) / 4, dtype)
   out_shape = x_shape[:len(x_shape) - contract] + kernel_shape[contract:]
   w = jnp.asarray(rng.normal(size=out_shape), jnp.float32)
-  ours = lambda a, b: layers.contract_trailing(a, b, contract)
+  ours = lambda a, b: products.contract_trailing(a, b, contract)
   plain = lambda a, b: jnp.tensordot(a, b, axes=contract)
   assert ours(x, kernel).shape == out_shape and ours(x, kernel).dtype == dtype
   assert_close(ours(x, kernel), plain(x, kernel), dtype)
