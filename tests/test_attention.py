@@ -96,6 +96,65 @@ def _evidence(kernel, platform, dropout, seq_lens=(128, 512), jax_minors=None):
       faster="a timed row")
 
 
+class _Drawn:
+  """What xla_attention asks of a dropout.Dropout, drawing from a fixed key."""
+
+  def __init__(self, key, rate):
+    self._key, self.rate = key, rate
+
+  def key(self):
+    return self._key
+
+
+@pytest.mark.parametrize("rate,causal,packed,queries", [
+    (0.0, False, False, 16), (0.1, False, False, 16), (0.1, True, False, 16),
+    (0.1, False, True, 16), (0.1, False, False, 3)])
+def test_attention_in_batch_slices_gives_the_unsliced_values_and_gradients(
+    monkeypatch, rate, causal, packed, queries):
+  """On one CPU device XLA attention runs in slices of the batch; against the
+  same attention unsliced: dropout, the causal mask, packed rows and queries
+  at some positions only (a [B, Q, S] mask)."""
+  b, s, n, h = 8, 16, 2, 8
+  rng = np.random.default_rng(1)
+  q = jnp.asarray(rng.normal(size=(b, queries, n, h)), jnp.float32)
+  k, v = (jnp.asarray(rng.normal(size=(b, s, n, h)), jnp.float32) for _ in range(2))
+  w = jnp.asarray(rng.normal(size=q.shape), jnp.float32)
+  lengths = np.array([16, 9, 12, 5, 16, 3, 8, 14])
+  if packed:
+    ids = jnp.asarray(np.where(np.arange(s) < lengths[:, None],
+                               1 + (np.arange(s) >= lengths[:, None] // 2), 0), jnp.int32)
+    mask = attention.packed_mask(ids, ids)
+  elif queries < s:
+    mask = jnp.asarray(np.arange(s)[None, None, :] < lengths[:, None, None]).repeat(queries, 1)
+  else:
+    mask = jnp.asarray(np.arange(s)[None, :] < lengths[:, None])
+  drawn = _Drawn(jax.random.key(7), rate)
+
+  def value_and_grads():
+    def run(q, k, v):  # A new function each time: jit's cache holds the last trace.
+      return attention.xla_attention(q, k, v, mask, drawn, deterministic=False, causal=causal)
+    out = jax.jit(run)(q, k, v)
+    grads = jax.jit(jax.grad(lambda *a: jnp.sum(run(*a) * w), argnums=(0, 1, 2)))(q, k, v)
+    products = str(jax.make_jaxpr(run)(q, k, v)).count("dot_general")
+    return out, grads, products
+
+  assert attention.batch_slices(b) == 4
+  sliced = value_and_grads()
+  monkeypatch.setattr(attention, "batch_slices", lambda batch: 1)
+  whole = value_and_grads()
+  assert (sliced[2], whole[2]) == (8, 2)  # Two products per slice.
+  for got, want in zip((sliced[0], *sliced[1]), (whole[0], *whole[1])):
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_batch_slices_on_one_cpu_device_only():
+  assert [attention.batch_slices(b) for b in (32, 12, 8, 6, 4, 3, 1)] == [4, 4, 4, 1, 1, 1, 1]
+  with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((2,), ("data",))):
+    assert attention.batch_slices(32) == 1
+  with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("data",))):
+    assert attention.batch_slices(32) == 4
+
+
 def test_auto_takes_no_fused_kernel_without_evidence_and_says_why(monkeypatch):
   monkeypatch.setattr(kernel_evidence, "PROVEN", ())
   for platform, dropout, kernel in (("tpu", 0.1, "flash"), ("tpu", 0.0, "splash"),

@@ -138,11 +138,14 @@ def test_unrolled_step_has_no_layer_loop_and_xla_counts_every_layer():
   scanned = _config(layer_loop="scan")
   unrolled = _config(layer_loop="unroll")
   counted = {(c.layer_loop, c.num_layers): profiling.compiled_flops(_compiled_train_step(c))
-             for c in (scanned, unrolled, unrolled.replace(num_layers=2))}
+             for c in (scanned, unrolled, unrolled.replace(num_layers=2),
+                       unrolled.replace(num_layers=4))}
   # The loop runs the first two layers (the last runs apart, at [CLS] and the
   # masked positions) and XLA counts its body once: one layer goes missing
-  # there, none unrolled, where each layer adds its own count.
-  one_layer = counted["unroll", 3] - counted["unroll", 2]
+  # there, none unrolled, where each layer adds its own count. What XLA
+  # counts for one more layer moves with the fusions around it (by almost a fifth
+  # between the third and the fourth here): a layer is the mean of two.
+  one_layer = (counted["unroll", 4] - counted["unroll", 2]) / 2
   missing = counted["unroll", 3] - counted["scan", 3]
   assert one_layer > 0 and abs(missing - one_layer) < 0.1 * one_layer, (missing, one_layer)
   assert profiling.complete_count(unrolled, 1)

@@ -24,7 +24,9 @@ all with dropout 0.1, gradient clipping at 1.0 and AdamW with weight decay 0.01
 and transformers' `dtype`). After a warm-up step on each shape the rounds
 meet (which compiles it), the runners alternate --rounds times, --steps steps
 each (the next batches of each runner's stream); printed: median and range of examples/s over the
-rounds, and the ratios to transformers. The process runs with the glibc malloc
+rounds, the ratio of the medians to transformers' median, and the median and
+range of the ratios within a round (each runner against transformers' rate of
+the same round). The process runs with the glibc malloc
 settings that `python -m bertjax.finetune` takes for the model (BERTJAX_HOST_MALLOC,
 bertjax/records/hostmem.py), all runners alike, and prints which.
 """
@@ -245,11 +247,14 @@ def main():
   print(f"data {args.data}: {len(lengths)} examples, tokens per example p10/p50/p90/max "
         f"{'/'.join(str(int(np.percentile(lengths, q))) for q in (10, 50, 90, 100))}, "
         f"{(lengths < 40).mean():.0%} under 40; bucketed batch lengths used {shapes}")
-  reference = statistics.median(rates["transformers (fixed L)"])
+  peer = rates["transformers (fixed L)"]
+  reference = statistics.median(peer)
   for name, r in rates.items():
     median = statistics.median(r)
+    paired = sorted(x / y for x, y in zip(r, peer))
     print(f"{name:>23}: {median:8.1f} examples/s (range {min(r):.1f}-{max(r):.1f}), "
-          f"{median / reference:.2f}x transformers")
+          f"{median / reference:.2f}x transformers; within a round "
+          f"{statistics.median(paired):.2f}x ({paired[0]:.2f}-{paired[-1]:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -68,6 +68,8 @@ PER_SHARD = ("splash", "flash")  # Run per shard under a mesh (shard_map).
 SPLASH_LANES = 128  # Splash and flash blocks are multiples of this; so must L be.
 SPLASH_MAX_BLOCK = 512
 CUDNN_DTYPES = ("bfloat16", "float16")
+# XLA attention's batch slices on one CPU device (batch_slices).
+CPU_BATCH_SLICES = 4
 
 PACKED_CUDNN = ("model.attention_impl='cudnn' does not take packed rows: "
                 "jax.nn.dot_product_attention has no segment (packed-example) ids, and "
@@ -170,19 +172,106 @@ def xla_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, dropout=None,
   and the product with the values are one function with a written-out
   gradient (probabilities_times_values). With `causal` the logits of later
   keys are the most negative float before the softmax, so those keys get
-  probability 0 and no gradient.
+  probability 0 and no gradient. On one CPU device the batch runs in
+  slices (batch_slices, sliced_attention), with the same values and
+  gradients.
   """
-  logits_BxNxLxL = scaled_logits(q_BxLxNxH, k_BxLxNxH)
-  batch, heads, length, keys = logits_BxNxLxL.shape
-  if causal:
-    earlier_LxS = jnp.arange(keys)[None, :] <= jnp.arange(length)[:, None]
-    logits_BxNxLxL = jnp.where(earlier_LxS, logits_BxNxLxL, jnp.finfo(jnp.float32).min)
+  batch, length, heads, _ = q_BxLxNxH.shape
+  keys = k_BxLxNxH.shape[1]
   words, rate = None, 0.0
   if dropout is not None and not deterministic and dropout.rate > 0:
     rows, cols = jax.lax.optimization_barrier(dropout_lib.attention_words(
         dropout.key(), batch, heads, max(length, keys)))
     words, rate = (rows[:, :length], cols[:, :, :keys]), dropout.rate
+  slices = batch_slices(batch)
+  if slices > 1:
+    return sliced_attention(q_BxLxNxH, k_BxLxNxH, v_BxLxNxH, mask_BxL, words, rate, causal,
+                            slices)
+  logits_BxNxLxL = scaled_logits(q_BxLxNxH, k_BxLxNxH)
+  if causal:
+    logits_BxNxLxL = jnp.where(_earlier(length, keys), logits_BxNxLxL,
+                               jnp.finfo(jnp.float32).min)
   return probabilities_times_values(logits_BxNxLxL, v_BxLxNxH, mask_BxL, words, rate)
+
+
+def _earlier(length: int, keys: int):
+  """[L, S]: whether key s is at query l's position or before (the causal mask)."""
+  return jnp.arange(keys)[None, :] <= jnp.arange(length)[:, None]
+
+
+def batch_slices(batch: int) -> int:
+  """How many equal slices of the batch XLA attention runs apart (sliced_attention).
+
+  CPU_BATCH_SLICES where that divides the batch into slices of two rows or
+  more, on a CPU mesh of one device (or one CPU device and no mesh); else 1.
+  XLA:CPU runs each batched product of attention on one thread, and runs
+  independent operations concurrently: the slices give it independent
+  products. Slices of one row (the demo's batch of 4 at length 512) ran
+  slower than the whole batch. On a mesh of several devices the batch axis
+  is sharded, and slicing it would move rows between devices.
+  """
+  if target_platform() != "cpu":
+    return 1
+  mesh = jax.sharding.get_abstract_mesh()
+  if (jax.device_count() if mesh.empty else mesh.size) != 1:
+    return 1
+  if batch % CPU_BATCH_SLICES or batch < 2 * CPU_BATCH_SLICES:
+    return 1
+  return CPU_BATCH_SLICES
+
+
+def _batch_slice(x, i: int, size: int):
+  return None if x is None else x[i * size:(i + 1) * size]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
+def sliced_attention(q_BxLxNxH, k_BxSxNxH, v_BxSxNxH, mask_BxS, words, rate: float,
+                     causal: bool, slices: int):
+  """XLA attention on `slices` equal slices of the batch, concatenated.
+
+  Each slice is what xla_attention computes unsliced, scaled_logits then
+  the causal mask (if `causal`) then probabilities_times_values, through
+  their own forward and backward functions, on that slice's rows of q, k,
+  v, the mask and the dropout words: values and gradients are the
+  unsliced ones. The gradients of q, k and v are the slices' gradients
+  concatenated.
+  """
+  return _sliced_attention_fwd(q_BxLxNxH, k_BxSxNxH, v_BxSxNxH, mask_BxS, words, rate,
+                               causal, slices)[0]
+
+
+def _sliced_attention_fwd(q_BxLxNxH, k_BxSxNxH, v_BxSxNxH, mask_BxS, words, rate, causal,
+                          slices):
+  size = q_BxLxNxH.shape[0] // slices
+  outs, residuals = [], []
+  for i in range(slices):
+    part = functools.partial(_batch_slice, i=i, size=size)
+    logits, logits_residuals = _scaled_logits_fwd(part(q_BxLxNxH), part(k_BxSxNxH))
+    if causal:
+      logits = jnp.where(_earlier(*logits.shape[2:]), logits, jnp.finfo(jnp.float32).min)
+    slice_words = None if words is None else tuple(map(part, words))
+    out, values_residuals = _probabilities_times_values_fwd(
+        logits, part(v_BxSxNxH), part(mask_BxS), slice_words, rate)
+    outs.append(out)
+    residuals.append((logits_residuals, values_residuals))
+  return jnp.concatenate(outs), (residuals, words)
+
+
+def _sliced_attention_bwd(rate, causal, slices, residuals, g_BxLxNxH):
+  residuals, words = residuals
+  size = g_BxLxNxH.shape[0] // slices
+  grads = []
+  for i, (logits_residuals, values_residuals) in enumerate(residuals):
+    d_logits, dv, _, _ = _probabilities_times_values_bwd(
+        rate, values_residuals, _batch_slice(g_BxLxNxH, i, size))
+    if causal:
+      d_logits = jnp.where(_earlier(*d_logits.shape[2:]), d_logits, 0.0)
+    grads.append((*_scaled_logits_bwd(logits_residuals, d_logits), dv))
+  dq, dk, dv = (jnp.concatenate(parts) for parts in zip(*grads))
+  return dq, dk, dv, None, None if words is None else (None, None)
+
+
+sliced_attention.defvjp(_sliced_attention_fwd, _sliced_attention_bwd)
 
 
 @jax.custom_vjp
